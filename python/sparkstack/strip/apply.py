@@ -1,0 +1,233 @@
+"""Carry out a StripPlan: stage every output beside the destination, verify it, then publish atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack import fsio
+from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import git_blob_name, snapshot_link_target
+from sparkstack.strip.header import read_header
+from sparkstack.strip.plan import FORMAT_VERSION, ShardPlan, StripPlan
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    relpath: str
+    how: str  # "link", "copy", "rewrite" or "new"
+    size: int
+    blob: str | None  # blob name in the output cache entry (None for a flat output)
+
+
+@dataclass(frozen=True)
+class StripResult:
+    dest: Path
+    revision: str | None
+    up_to_date: bool
+    files: tuple[OutputFile, ...]
+    copy_method: str | None
+
+    def to_json(self) -> dict:
+        return {
+            "dest": str(self.dest), "revision": self.revision, "up_to_date": self.up_to_date,
+            "copy_method": self.copy_method,
+            "files": [{"file": f.relpath, "how": f.how, "size": f.size, "blob": f.blob} for f in self.files],
+        }
+
+
+def apply_plan(plan: StripPlan, on_progress: Callable[[int], None] | None = None) -> StripResult:
+    if plan.up_to_date:
+        return StripResult(plan.dest.root, plan.dest.revision, True, (), None)
+    dest = plan.dest
+    copier = fsio.RangeCopier()
+    with fsio.staging_dir(dest.root.parent, dest.root.name) as stage:
+        out = _Staged(stage, plan, copier, on_progress)
+        for shard in plan.shards:
+            if shard.action == "rewrite":
+                out.add_rewritten(shard)
+            elif shard.action == "link":
+                out.add_existing(shard.relpath, shard.source.path, shard.source.blob)
+        for f in plan.carried:
+            out.add_existing(f.relpath, f.path, f.blob)
+        for relpath, data in plan.new_files:
+            out.add_new(relpath, data)
+        stamp = {
+            "created_by": "sparkstack strip", "format": FORMAT_VERSION, "fingerprint": plan.fingerprint,
+            "source": str(plan.source.root), "revision": plan.source.revision,
+            "outputs": {f.relpath: f.size for f in out.files},
+        }
+        stamp_bytes = (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode()
+        if dest.kind == "cache":
+            _publish_cache(stage, dest.root, dest.revision, stamp_bytes, dest.stamp.name)
+        else:
+            _publish_flat(stage, dest.root, stamp_bytes, dest.stamp.name)
+    return StripResult(dest.root, dest.revision, False, tuple(out.files), copier.method)
+
+
+class _Staged:
+    """Builds the output tree inside the staging dir, laid out like the final destination."""
+
+    def __init__(self, stage: Path, plan: StripPlan, copier: fsio.RangeCopier,
+                 on_progress: Callable[[int], None] | None) -> None:
+        self.plan = plan
+        self.copier = copier
+        self.on_progress = on_progress
+        self.cache = plan.dest.kind == "cache"
+        self.blobs = stage / "blobs"
+        self.final_blobs = plan.dest.root / "blobs"
+        self.model_dir = stage / "snapshots" / plan.dest.revision if self.cache else stage
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        if self.cache:
+            self.blobs.mkdir(exist_ok=True)
+        self.files: list[OutputFile] = []
+
+    def _place(self, relpath: str, how: str, size: int, blob: str | None) -> None:
+        target = self.model_dir / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if self.cache:
+            os.symlink(snapshot_link_target(relpath, blob), target)
+        self.files.append(OutputFile(relpath, how, size, blob))
+
+    def _have_blob(self, blob: str) -> bool:
+        return (self.blobs / blob).exists() or (self.final_blobs / blob).exists()
+
+    def add_existing(self, relpath: str, src: Path, blob: str | None) -> None:
+        """A file whose bytes do not change: hardlink it (or copy it across filesystems)."""
+        size = src.stat().st_size
+        if not self.cache:
+            (self.model_dir / relpath).parent.mkdir(parents=True, exist_ok=True)
+            how = fsio.link_or_copy(src, self.model_dir / relpath)
+            self.files.append(OutputFile(relpath, how, size, None))
+            return
+        if blob is None:  # a plain file inside a snapshot: name it as the hub would
+            data = src.read_bytes() if not relpath.endswith(".safetensors") else None
+            blob = git_blob_name(data) if data is not None else _sha256_file(src)
+        how = "link"
+        if not self._have_blob(blob):
+            how = fsio.link_or_copy(src, self.blobs / blob)
+        self._place(relpath, how, size, blob)
+
+    def add_new(self, relpath: str, data: bytes) -> None:
+        if not self.cache:
+            fsio.write_durable(self.model_dir / relpath, data)
+            self.files.append(OutputFile(relpath, "new", len(data), None))
+            return
+        blob = git_blob_name(data)
+        if not self._have_blob(blob):
+            fsio.write_durable(self.blobs / blob, data)
+        self._place(relpath, "new", len(data), blob)
+
+    def add_rewritten(self, shard: ShardPlan) -> None:
+        """Write the new header, then kernel-copy the kept byte ranges, hashing as they stream."""
+        tmp = (self.blobs if self.cache else self.model_dir) / f".{Path(shard.relpath).name}.partial"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(shard.new_prefix)
+        src_fd = os.open(shard.source.path, os.O_RDONLY)
+        dst_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(dst_fd, shard.new_prefix)
+            dst_off = len(shard.new_prefix)
+            for src_off, length in _runs(shard):
+                self.copier.copy(src_fd, shard.header.data_start + src_off, dst_fd, dst_off, length,
+                                 digest=digest, on_progress=self.on_progress)
+                dst_off += length
+            os.fsync(dst_fd)
+        finally:
+            os.close(dst_fd)
+            os.close(src_fd)
+        _verify_rewritten(tmp, shard)
+        sha = digest.hexdigest()
+        if self.cache:
+            if self._have_blob(sha):
+                tmp.unlink()
+            else:
+                os.rename(tmp, self.blobs / sha)
+            self._place(shard.relpath, "rewrite", shard.out_size, sha)
+        else:
+            final = self.model_dir / shard.relpath
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, final)
+            self.files.append(OutputFile(shard.relpath, "rewrite", shard.out_size, None))
+
+
+def _runs(shard: ShardPlan) -> list[tuple[int, int]]:
+    """Merge kept tensors that sit back to back in the source into single (offset, length) copies."""
+    runs: list[list[int]] = []
+    for t in shard.kept:
+        if runs and runs[-1][0] + runs[-1][1] == t.begin:
+            runs[-1][1] += t.nbytes
+        else:
+            runs.append([t.begin, t.nbytes])
+    return [(o, n) for o, n in runs]
+
+
+def _verify_rewritten(path: Path, shard: ShardPlan) -> None:
+    """Re-read the header we wrote and check it says exactly what the plan meant."""
+    written = read_header(path)
+    if written.tensors != shard.new_tensors or written.metadata != shard.header.metadata:
+        raise SparkstackError(f"{shard.relpath}: rewritten header does not match the plan")
+    names = {t.name for t in written.tensors}
+    if names & set(shard.dropped):
+        raise SparkstackError(f"{shard.relpath}: dropped tensors are still present after rewrite")
+    source = {t.name: (t.dtype, t.shape, t.nbytes) for t in shard.kept}
+    if {t.name: (t.dtype, t.shape, t.nbytes) for t in written.tensors} != source:
+        raise SparkstackError(f"{shard.relpath}: kept tensors' dtype or shape changed in rewrite")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(fsio.CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, _ in os.walk(root):
+        fsio.fsync_dir(dirpath)
+
+
+def _publish_cache(stage: Path, entry: Path, revision: str, stamp: bytes, stamp_name: str) -> None:
+    if not entry.exists():
+        # A fresh entry appears whole, in one rename.
+        (stage / "refs").mkdir()
+        fsio.write_durable(stage / "refs" / "main", revision.encode())
+        (stage / ".sparkstack").mkdir()
+        fsio.write_durable(stage / ".sparkstack" / stamp_name, stamp)
+        _fsync_tree(stage)
+        os.rename(stage, entry)
+        fsio.fsync_dir(entry.parent)
+        return
+    # An existing entry: blobs first (content-addressed, so an early kill leaves only unused blobs),
+    # then swap the snapshot dir, then refs/main, and the up-to-date stamp last.
+    _fsync_tree(stage)
+    blobs = entry / "blobs"
+    blobs.mkdir(exist_ok=True)
+    for blob in sorted((stage / "blobs").iterdir()):
+        if not (blobs / blob.name).exists():
+            os.rename(blob, blobs / blob.name)
+    fsio.fsync_dir(blobs)
+    (entry / "snapshots").mkdir(exist_ok=True)
+    fsio.replace_dir(stage / "snapshots" / revision, entry / "snapshots" / revision)
+    (entry / "refs").mkdir(exist_ok=True)
+    fsio.write_atomic(entry / "refs" / "main", revision.encode())
+    (entry / ".sparkstack").mkdir(exist_ok=True)
+    fsio.write_atomic(entry / ".sparkstack" / stamp_name, stamp)
+
+
+def _publish_flat(stage: Path, dest: Path, stamp: bytes, stamp_name: str) -> None:
+    (stage / ".sparkstack").mkdir()
+    fsio.write_durable(stage / ".sparkstack" / stamp_name, stamp)
+    _fsync_tree(stage)
+    fsio.replace_dir(stage, dest)

@@ -1,0 +1,247 @@
+"""The strip plan: what to link, rewrite or drop, computed from headers and config alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import ModelSource, SourceFile
+from sparkstack.strip.header import ShardHeader, TensorEntry, encode_header, read_header
+from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers
+
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+# Bump when the output for the same input would change, so old outputs stop counting as up to date.
+FORMAT_VERSION = 1
+SAMPLE_KEYS = 8
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    relpath: str
+    action: str  # "link" | "rewrite" | "drop"
+    source: SourceFile
+    header: ShardHeader
+    kept: tuple[TensorEntry, ...]  # source entries, in source offset order
+    dropped: tuple[str, ...]
+    new_prefix: bytes = b""  # u64 length + header JSON, for "rewrite"
+    new_tensors: tuple[TensorEntry, ...] = ()  # relocated entries, for "rewrite"
+
+    @property
+    def out_size(self) -> int:
+        if self.action == "drop":
+            return 0
+        if self.action == "link":
+            return self.source.size
+        return len(self.new_prefix) + sum(t.nbytes for t in self.kept)
+
+
+@dataclass(frozen=True)
+class Destination:
+    kind: str  # "cache" or "flat", same as the source
+    root: Path  # the cache entry dir, or the flat model dir
+    revision: str | None
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "snapshots" / self.revision if self.kind == "cache" else self.root
+
+    @property
+    def stamp(self) -> Path:
+        name = f"strip-{self.revision}.json" if self.kind == "cache" else "strip.json"
+        return self.root / ".sparkstack" / name
+
+
+@dataclass(frozen=True)
+class StripPlan:
+    source: ModelSource
+    dest: Destination
+    index_only: bool
+    num_layers: int
+    num_layers_source: str
+    shards: tuple[ShardPlan, ...]
+    new_files: tuple[tuple[str, bytes], ...]  # relpath -> content (config, index)
+    carried: tuple[SourceFile, ...]  # other files, linked as they are
+    fingerprint: str
+    up_to_date: bool
+    warnings: tuple[str, ...]
+
+    @property
+    def mtp_keys(self) -> tuple[str, ...]:
+        return tuple(sorted(k for s in self.shards for k in s.dropped))
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(s.out_size for s in self.shards if s.action == "rewrite") + sum(len(d) for _, d in self.new_files)
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(s.source.size - s.out_size for s in self.shards if s.action != "link")
+
+    def to_json(self) -> dict[str, Any]:
+        keys = self.mtp_keys
+        return {
+            "source": {"kind": self.source.kind, "path": str(self.source.root), "revision": self.source.revision},
+            "dest": {"kind": self.dest.kind, "path": str(self.dest.root), "revision": self.dest.revision},
+            "index_only": self.index_only,
+            "num_hidden_layers": self.num_layers,
+            "num_hidden_layers_from": self.num_layers_source,
+            "mtp_tensors": len(keys),
+            "mtp_sample_keys": list(keys[:SAMPLE_KEYS]),
+            "shards": [
+                {"file": s.relpath, "action": s.action, "kept": len(s.kept), "dropped": len(s.dropped),
+                 "bytes_in": s.source.size, "bytes_out": s.out_size}
+                for s in self.shards
+            ],
+            "new_files": [name for name, _ in self.new_files],
+            "carried_files": [f.relpath for f in self.carried],
+            "bytes_to_write": self.bytes_to_write,
+            "bytes_freed": self.bytes_freed,
+            "fingerprint": self.fingerprint,
+            "up_to_date": self.up_to_date,
+            "warnings": list(self.warnings),
+        }
+
+
+def _load_json(source: ModelSource, relpath: str) -> Any:
+    f = source.file(relpath)
+    if f is None:
+        return None
+    try:
+        return json.loads(f.path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SparkstackError(f"{source.model_dir / relpath}: not valid JSON ({exc})") from None
+
+
+def _dump_json(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _safe_shard_name(key: str, name: object, where: Path) -> str:
+    if not isinstance(name, str) or not name:
+        raise SparkstackError(f"{where}: weight_map entry {key!r} is not a file name: {name!r}")
+    norm = posixpath.normpath(name)
+    if name.startswith("/") or "\\" in name or norm.startswith("../") or norm == ".." or norm != name:
+        raise SparkstackError(f"{where}: weight_map entry {key!r} points outside the model dir: {name!r}")
+    return name
+
+
+def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) -> StripPlan:
+    """Read config, index and shard headers, and decide every file's fate. Writes nothing."""
+    _refuse_overlap(source.root, dest_root)
+    warnings: list[str] = []
+    config = _load_json(source, CONFIG_NAME)
+    if not isinstance(config, dict):
+        raise SparkstackError(f"{source.model_dir / CONFIG_NAME}: missing or not a JSON object")
+    layers = num_hidden_layers(config)
+    if layers.source == "default":
+        warnings.append(f"config.json has no num_hidden_layers; assuming {layers.value} (MTP at layer {layers.value})")
+
+    index = _load_json(source, INDEX_NAME)
+    index_path = source.model_dir / INDEX_NAME
+    weight_map: dict[str, str] = {}
+    if index is not None:
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict):
+            raise SparkstackError(f"{index_path}: has no weight_map object")
+        weight_map = {k: _safe_shard_name(k, v, index_path) for k, v in wm.items()}
+
+    # vLLM in this image globs the top-level *.safetensors files, so each one counts, indexed or not.
+    shard_names = sorted({f.relpath for f in source.files if "/" not in f.relpath and f.relpath.endswith(".safetensors")}
+                         | set(weight_map.values()))
+    if not shard_names:
+        raise SparkstackError(f"{source.model_dir}: no *.safetensors files and no index")
+
+    shards = []
+    for name in shard_names:
+        sf = source.file(name)
+        if sf is None:
+            raise SparkstackError(f"{index_path}: names shard {name!r}, which is not in {source.model_dir}")
+        header = read_header(sf.path)
+        shards.append((sf, header))
+
+    present = {(name, t.name) for (sf, h) in shards for name in [sf.relpath] for t in h.tensors}
+    for key, shard in weight_map.items():
+        if (shard, key) not in present:
+            raise SparkstackError(f"{index_path}: maps {key!r} to {shard!r}, but that shard has no such tensor")
+
+    shard_plans = tuple(_plan_shard(sf, h, layers.value, index_only) for sf, h in shards)
+    dropped = {k for s in shard_plans for k in s.dropped}
+    if index_only:
+        dropped = {t.name for _, h in shards for t in h.tensors if is_mtp_key(t.name, layers.value)}
+        warnings.append("--index-only: this vLLM build loads every *.safetensors file it finds, "
+                        "so MTP tensors left in the shards will still be loaded")
+    if not dropped:
+        warnings.append("no MTP tensors found; the output differs from the source only in config.json")
+
+    new_files = [(CONFIG_NAME, _dump_json(config_without_mtp(config)))]
+    if index is not None:
+        new_index = dict(index)
+        new_wm = {k: v for k, v in weight_map.items() if k not in dropped}
+        sizes = {t.name: t.nbytes for _, h in shards for t in h.tensors}
+        new_index["metadata"] = dict(index.get("metadata") or {}, total_size=sum(sizes[k] for k in new_wm))
+        new_index["weight_map"] = new_wm
+        new_files.append((INDEX_NAME, _dump_json(new_index)))
+    new_names = {n for n, _ in new_files} | set(shard_names)
+    carried = tuple(f for f in source.files if f.relpath not in new_names)
+
+    dest = Destination(source.kind, dest_root, source.revision)
+    fingerprint = _fingerprint(source, index_only)
+    return StripPlan(
+        source=source, dest=dest, index_only=index_only,
+        num_layers=layers.value, num_layers_source=layers.source,
+        shards=shard_plans, new_files=tuple(new_files), carried=carried,
+        fingerprint=fingerprint, up_to_date=_is_up_to_date(dest, fingerprint),
+        warnings=tuple(warnings),
+    )
+
+
+def _refuse_overlap(src: Path, dest: Path) -> None:
+    """The output may never live inside the source, nor contain it."""
+    s, d = src.resolve(), dest.resolve()
+    if d == s or d.is_relative_to(s) or s.is_relative_to(d):
+        raise SparkstackError(f"{dest}: output would overlap the source {src}; choose another --out")
+
+
+def _plan_shard(sf: SourceFile, header: ShardHeader, layers: int, index_only: bool) -> ShardPlan:
+    kept = tuple(t for t in header.tensors if not is_mtp_key(t.name, layers))
+    dropped = tuple(t.name for t in header.tensors if is_mtp_key(t.name, layers))
+    if index_only or not dropped:
+        return ShardPlan(sf.relpath, "link", sf, header, header.tensors, ())
+    if not kept:
+        return ShardPlan(sf.relpath, "drop", sf, header, (), dropped)
+    prefix, relocated = encode_header(header.metadata, kept)
+    return ShardPlan(sf.relpath, "rewrite", sf, header, kept, dropped, prefix, relocated)
+
+
+def _fingerprint(source: ModelSource, index_only: bool) -> str:
+    """Identity of the inputs: blob names for a cache entry (content hashes), size+mtime for a flat dir."""
+    files = [[f.relpath, f.blob] if f.blob else [f.relpath, f.size, f.mtime_ns] for f in source.files]
+    doc = {"format": FORMAT_VERSION, "index_only": index_only, "revision": source.revision, "files": files}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _is_up_to_date(dest: Destination, fingerprint: str) -> bool:
+    try:
+        stamp = json.loads(dest.stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(stamp, dict) or stamp.get("fingerprint") != fingerprint:
+        return False
+    if dest.kind == "cache":
+        ref = dest.root / "refs" / "main"
+        if not ref.is_file() or ref.read_text().strip() != dest.revision:
+            return False
+    outputs = stamp.get("outputs")
+    if not isinstance(outputs, dict):
+        return False
+    for relpath, size in outputs.items():
+        p = dest.model_dir / relpath
+        if not p.is_file() or p.stat().st_size != size:
+            return False
+    return True
