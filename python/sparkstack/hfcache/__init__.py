@@ -7,15 +7,18 @@ by their sha256; small files by their git blob sha1.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.utils.sha import git_hash
 
 from sparkstack.errors import SparkstackError
+
+# A revision is a git commit hash. refs/main is read by hand (it is one line) rather than through
+# huggingface_hub.try_to_load_from_cache, whose import alone costs ~0.16 s on every strip.
+_REVISION = re.compile(r"[0-9a-f]{40}")
 
 # Directories a model dir may hold that are bookkeeping, not model files.
 IGNORED_DIRS = frozenset({".sparkstack", ".cache", ".git"})
@@ -65,16 +68,17 @@ def resolve_source(path: str | os.PathLike) -> ModelSource:
     if not p.is_dir():
         raise SparkstackError(f"{p}: no such directory")
     if _is_cache_entry(p):
-        repo_id = repo_id_from_folder(p.name)
+        repo_id_from_folder(p.name)
         ref = p / "refs" / "main"
         if not ref.is_file():
             raise SparkstackError(f"{p}: cache entry has no refs/main; pass a snapshot dir instead")
-        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=p.parent, revision="main")
-        if not isinstance(found, str):
-            revision = ref.read_text().strip()
-            raise SparkstackError(f"{p}: refs/main names {revision!r}, but snapshots/{revision}/config.json is missing")
-        snapshot = Path(found).parent
-        return _scan("cache", p, snapshot, snapshot.name)
+        revision = ref.read_text().strip()
+        if not _REVISION.fullmatch(revision):
+            raise SparkstackError(f"{ref}: expected a 40-hex commit hash, found {revision[:60]!r}")
+        snapshot = p / "snapshots" / revision
+        if not (snapshot / "config.json").exists():
+            raise SparkstackError(f"{p}: refs/main names {revision}, but snapshots/{revision}/config.json is missing")
+        return _scan("cache", p, snapshot, revision)
     if p.parent.name == "snapshots" and _is_cache_entry(p.parent.parent):
         if not (p / "config.json").exists():
             raise SparkstackError(f"{p}: snapshot has no config.json")
@@ -112,10 +116,6 @@ def no_mtp_destination(source: ModelSource) -> Path:
 def git_blob_name(data: bytes) -> str:
     """The name the hub gives a small (non-LFS) file's blob: its git blob sha1."""
     return git_hash(data)
-
-
-def sha256_blob_name(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def snapshot_link_target(relpath: str, blob: str) -> str:
