@@ -61,7 +61,14 @@ def _index_edit(fn):
     return make
 
 
+def _duplicate_name(flat):
+    body = (b'{"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},'
+            b' "a": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}}')
+    _corrupt_shard(flat, struct.pack("<Q", len(body)) + body + bytes(8))
+
+
 CASES = {
+    "duplicate tensor name": (_duplicate_name, "appears twice"),
     "truncated file": (_truncated, "past the"),
     "shorter than the length prefix": (_tiny, "shorter than"),
     "header length beyond file size": (_header_past_end, "runs past the end"),

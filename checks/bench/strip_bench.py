@@ -70,7 +70,8 @@ def build_entry(hub: Path, shards: int, shard_mib: int, mixed_mib: int, tensor_m
     total = shards + 1
     names = [f"model-{i:05d}-of-{total:05d}.safetensors" for i in range(1, total + 1)]
     weight_map: dict[str, str] = {}
-    per_layer = -(-(shards * shard_mib // tensor_mib) // LAYERS)  # spread main tensors over layers 0..44
+    main_tensors = (shards - 1) * (shard_mib // tensor_mib) + (mixed_mib // 2) // tensor_mib
+    per_layer = -(-main_tensors // LAYERS)  # spread main tensors over layers 0..44
     counter = 0
 
     def main_tensor() -> str:

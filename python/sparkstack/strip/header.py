@@ -89,9 +89,11 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
     """Validate header JSON bytes against the size of the file they came from."""
     header_len = len(raw)
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"header is not JSON ({exc})") from None
+    except _DuplicateKey as exc:
+        raise _bad(path, f"tensor name {exc.args[0]!r} appears twice in the header") from None
     if not isinstance(doc, dict):
         raise _bad(path, "header JSON is not an object")
 
@@ -123,6 +125,21 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
         raise _bad(path, f"offsets cover {cursor} of {data_size} data bytes: trailing bytes are not covered")
 
     return ShardHeader(path=path, header_len=header_len, file_size=file_size, metadata=metadata, tensors=tuple(tensors))
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return doc
 
 
 def _parse_entry(path: str, name: str, entry: object) -> TensorEntry:
