@@ -116,7 +116,7 @@ def _render_strip_plan(plan) -> None:
 class _progress:
     """A rich progress bar on stderr, shown only on a terminal; yields an `advance(n)` callback."""
 
-    def __init__(self, label: str, total: int, enabled: bool) -> None:
+    def __init__(self, label: str, total: int | None, enabled: bool = True) -> None:
         self.label, self.total = label, total
         self.enabled = enabled and sys.stderr.isatty()
         self._bar = None
@@ -131,12 +131,147 @@ class _progress:
                              TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
                              transient=True)
         self._bar.start()
-        task = self._bar.add_task(self.label, total=self.total)
+        task = self._bar.add_task(self.label, total=self.total)  # None: size unknown up front
         return lambda n: self._bar.advance(task, n)
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+# ---------------------------------------------------------------- image / patch / pin
+
+_overlay_opt = click.option("--overlay", "overlay_dir", type=click.Path(path_type=Path), default=Path("overlays/dflash2"),
+                            show_default=True, help="Dir holding overlay.toml.")
+_overlay_src_opt = click.option("--overlay-src", type=click.Path(path_type=Path), envvar="SPARKSTACK_OVERLAY_SRC",
+                                help="Checkout of the overlay's upstream repo at its pinned rev (env SPARKSTACK_OVERLAY_SRC).")
+_platform_opt = click.option("--platform", default="linux/arm64", show_default=True, help="Platform to pick from the base.")
+_steps_opt = click.option("--with-step", "extra_steps", multiple=True, help="Also run this optional patch step.")
+_unpinned_opt = click.option("--allow-unpinned", is_flag=True, help="Build from unpinned overlay files; labels the image unpinned.")
+
+
+@main.group()
+def image() -> None:
+    """Build and verify the serving image without a daemon."""
+
+
+@image.command("build")
+@click.option("--base", type=click.Path(path_type=Path), required=True, help="Base image: OCI layout dir, oci-archive or docker-archive tar.")
+@_overlay_opt
+@_overlay_src_opt
+@click.option("--out", type=click.Path(path_type=Path), default=Path("image"), show_default=True,
+              help="Output OCI layout dir, or a .tar archive.")
+@click.option("--variant", default="plain", show_default=True, help="plain, or a variant from overlay.toml (instanttensor).")
+@click.option("--wheels", "wheel_dir", type=click.Path(path_type=Path), help="Dir holding the variant's pinned wheels.")
+@_platform_opt
+@_steps_opt
+@_unpinned_opt
+@click.option("--dry-run", is_flag=True, help="Print the plan and build nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platform, extra_steps, allow_unpinned,
+                dry_run, as_json) -> None:
+    """Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."""
+    from sparkstack.image import build_image, plan_build
+
+    plan = plan_build(base, overlay_dir, overlay_src, out, variant, platform, tuple(extra_steps), allow_unpinned, wheel_dir)
+    if plan.overlay.unpinned:
+        _warn(f"building from unpinned overlay files: {', '.join(plan.overlay.unpinned)}")
+    if dry_run:
+        doc = plan.to_json()
+        if as_json:
+            _print_json(doc)
+        else:
+            click.echo(f"base: {doc['base']} ({doc['platform']})\nout: {doc['out']}\noverlay: {doc['overlay']['source']}")
+            for i in doc["installs"]:
+                click.echo(f"  install {i['src']} -> {i['dest']}")
+            for st in doc["steps"]:
+                click.echo(f"  step    {st['name']}: {st['script']} {' '.join(st['args'])}")
+            click.echo(f"extract from base: {len(doc['extract'])} files")
+        return
+    with _progress("reading base layers", None) as advance:
+        result = build_image(plan, on_progress=advance)
+    if as_json:
+        _print_json({"plan": plan.to_json(), "result": result.to_json()})
+        return
+    click.echo(("up to date: " if result.up_to_date else "built ") + f"{result.out}")
+    click.echo(f"  image   {result.name}")
+    click.echo(f"  config  {result.config_digest}  (image ID)")
+    click.echo(f"  manifest {result.manifest_digest}")
+    click.echo(f"  layer   {result.layer_digest}  ({len(result.changed)} files)")
+    for st in result.steps:
+        click.echo(f"  step {st.name}: changed {', '.join(st.changed) or 'nothing'}")
+
+
+@image.command("verify")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--platform", default=None, help="Platform to verify when the image holds several.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def image_verify(path, platform, as_json) -> None:
+    """Re-hash every blob and check every layer's diff_id."""
+    from sparkstack.oci.verify import verify_image
+
+    with _progress("verifying layers", None) as advance:
+        report = verify_image(path, platform, on_progress=advance)
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        click.echo(f"ok: {path}: config {report.config_digest}, {report.layers} layers, "
+                   f"{human_bytes(report.bytes_checked)} checked" + ("; manifest.json agrees" if report.docker_manifest else ""))
+
+
+@main.group()
+def patch() -> None:
+    """Inspect the overlay's patch steps against a base image."""
+
+
+@patch.command("check")
+@click.option("--base", type=click.Path(path_type=Path), required=True)
+@_overlay_opt
+@_overlay_src_opt
+@_platform_opt
+@_steps_opt
+@_unpinned_opt
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unpinned, as_json) -> None:
+    """The drift report: for every step, applied, applicable or drifted. Exit 1 when any step drifted."""
+    from sparkstack.image import drift_report
+
+    with _progress("reading base layers", None) as advance:
+        reports = drift_report(base, overlay_dir, overlay_src, platform, tuple(extra_steps), allow_unpinned,
+                               on_progress=advance)
+    if as_json:
+        _print_json({"steps": [r.to_json() for r in reports]})
+    else:
+        for r in reports:
+            click.echo(f"{r.status:<10} {r.name}  ({r.method}: {r.detail})")
+            for e in r.edits:
+                if e.status == "drifted":
+                    click.echo(f"  drifted edit {e.marker or '(no marker)'} in {e.file}:")
+                    click.echo("".join("    " + l + "\n" for l in e.diff.splitlines()), nl=False)
+    drifted = [r.name for r in reports if r.status == "drifted"]
+    if drifted:
+        _fail(f"drifted steps: {', '.join(drifted)}")
+
+
+@main.command()
+@_overlay_opt
+@click.option("--overlay-src", type=click.Path(path_type=Path), envvar="SPARKSTACK_OVERLAY_SRC", required=True)
+@click.option("--wheels", "wheel_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def pin(overlay_dir, overlay_src, wheel_dir, as_json) -> None:
+    """Fill overlay.toml's sha256 fields from the real overlay files (and wheels)."""
+    from sparkstack.image import pin_overlay
+
+    hashes = pin_overlay(overlay_dir, overlay_src, wheel_dir)
+    if as_json:
+        _print_json(hashes)
+    else:
+        for rel, sha in hashes.items():
+            click.echo(f"{sha}  {rel}")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
         header = read_header(sf.path)
         shards.append((sf, header))
 
-    present = {(name, t.name) for (sf, h) in shards for name in [sf.relpath] for t in h.tensors}
+    present = {(sf.relpath, t.name) for sf, h in shards for t in h.tensors}
     for key, shard in weight_map.items():
         if (shard, key) not in present:
             raise SparkstackError(f"{index_path}: maps {key!r} to {shard!r}, but that shard has no such tensor")

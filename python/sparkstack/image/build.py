@@ -1,0 +1,302 @@
+"""`image build`: pinned base + overlay + patch steps -> one new deterministic layer on the base's own layers.
+
+Pipeline: extract only the files the steps touch (layer stack, whiteouts, links
+resolved as the container sees them), install the overlay, run the steps,
+check the static gates, write one layer, then a config, manifest, index and
+docker manifest.json that reuse every base layer by digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkstack.errors import SparkstackError
+from sparkstack.oci.read import LayerCache, RootFS, open_image
+from sparkstack.oci.write import LayerItem, build_layer, image_docs, source_date_epoch, write_output
+from sparkstack.patch.drift import StepReport, check_drift
+from sparkstack.patch.engine import GateResult, StepOutcome, apply_overlay, needed_paths
+from sparkstack.patch.overlay import Overlay, SourceFile, Step, Variant, load_overlay, read_checked
+
+LABEL = "org.sparkstack"
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    base: Path
+    platform: str
+    overlay: Overlay
+    overlay_src: Path
+    steps: tuple[Step, ...]
+    variant: str
+    wheel_dir: Path | None
+    out: Path
+    allow_unpinned: bool
+    epoch: int
+
+    @property
+    def source_dir(self) -> Path:
+        return self.overlay_src / self.overlay.subdir if (self.overlay_src / self.overlay.subdir).is_dir() else self.overlay_src
+
+    def to_json(self) -> dict:
+        o = self.overlay
+        return {
+            "base": str(self.base), "platform": self.platform, "out": str(self.out), "variant": self.variant,
+            "overlay": {"name": o.name, "source": o.source_label, "dir": str(self.source_dir),
+                        "unpinned": list(o.unpinned)},
+            "installs": [{"src": i.file.path, "dest": f"/{o.vllm_root}/{i.dest}"} for i in o.installs],
+            "steps": [{"name": s.name, "script": s.script.path, "args": list(s.args)} for s in self.steps],
+            "extract": ["/" + p for p in needed_paths(o, self.steps)],
+            "source_date_epoch": self.epoch,
+        }
+
+
+def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Path, variant: str = "plain",
+               platform: str = "linux/arm64", extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
+               wheel_dir: Path | None = None) -> BuildPlan:
+    overlay = load_overlay(overlay_dir)
+    if overlay_src is None:
+        raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
+    if not overlay_src.is_dir():
+        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
+    if variant != "plain" and variant not in overlay.variants:
+        raise SparkstackError(f"{overlay.path}: no variant {variant!r} (have: plain, {', '.join(overlay.variants)})")
+    if variant != "plain" and wheel_dir is None:
+        raise SparkstackError(f"variant {variant} installs wheels: pass --wheels DIR")
+    if overlay.unpinned and not allow_unpinned:
+        raise SparkstackError(f"overlay {overlay.name} is unpinned ({', '.join(overlay.unpinned)}); "
+                              "run `sparkstack pin --overlay-src DIR` or pass --allow-unpinned")
+    return BuildPlan(base, platform, overlay, overlay_src, overlay.enabled_steps(extra_steps), variant, wheel_dir,
+                     out, allow_unpinned, source_date_epoch())
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    out: Path
+    name: str
+    config_digest: str
+    manifest_digest: str
+    layer_digest: str
+    base_config_digest: str
+    changed: tuple[str, ...]
+    steps: tuple[StepOutcome, ...]
+    gates: tuple[GateResult, ...]
+    up_to_date: bool
+    cache_stats: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "out": str(self.out), "name": self.name, "config_digest": self.config_digest,
+            "manifest_digest": self.manifest_digest, "layer_digest": self.layer_digest,
+            "base_config_digest": self.base_config_digest, "up_to_date": self.up_to_date,
+            "changed": list(self.changed), "steps": [{"name": s.name, "changed": list(s.changed)} for s in self.steps],
+            "gates": [{"gate": g.name, "ok": g.ok} for g in self.gates], "cache": self.cache_stats,
+        }
+
+
+def _labels(plan: BuildPlan, base_config: str, base_manifest: str, steps: tuple[StepOutcome, ...]) -> dict[str, str]:
+    o = plan.overlay
+    labels = {
+        f"{LABEL}.base.config": base_config,
+        f"{LABEL}.base.manifest": base_manifest,
+        f"{LABEL}.overlay.source": o.source_label,
+        f"{LABEL}.overlay.pinned": "unpinned" if o.unpinned else "true",
+        f"{LABEL}.overlay.steps": json.dumps([
+            {"name": s.name, "script": s.script.path, "sha256": s.script.sha256, "args": list(s.args)}
+            for s in plan.steps], separators=(",", ":")),
+        f"{LABEL}.variant": plan.variant,
+    }
+    if o.runtime_gates:
+        labels[f"{LABEL}.gates.runtime"] = json.dumps([list(g) for g in o.runtime_gates], separators=(",", ":"))
+    if plan.variant != "plain" and o.variants[plan.variant].load_format:
+        labels[f"{LABEL}.load_format"] = o.variants[plan.variant].load_format
+    return labels
+
+
+def open_rootfs(base: Path, platform: str, paths: list[str], cache: LayerCache | None,
+                on_progress: Callable[[int], None] | None):
+    src, image = open_image(base, platform)
+    rootfs = RootFS(src, image, cache, on_progress)
+    wanted = set(paths)
+    rootfs.index(wanted.__contains__)
+    return src, image, rootfs
+
+
+def build_image(plan: BuildPlan, cache: LayerCache | None = None,
+                on_progress: Callable[[int], None] | None = None) -> BuildResult:
+    o = plan.overlay
+    paths = needed_paths(o, plan.steps)
+    src, image, rootfs = open_rootfs(plan.base, plan.platform, paths, cache, on_progress)
+    try:
+        base_files = rootfs.read_files(paths)
+        plan.out.absolute().parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".sparkstack-build-", dir=plan.out.absolute().parent) as tmp:
+            work = Path(tmp)
+            patched = apply_overlay(base_files, o, plan.steps, plan.source_dir, work / "patch", plan.allow_unpinned)
+            # Write each file where the container would find it: through the base's symlinks.
+            items = [LayerItem(rootfs.resolve(p), "file", data=d) for p, d in patched.files.items()]
+            if plan.variant != "plain":
+                items += _wheel_items(plan, o.variants[plan.variant], rootfs, work / "wheels")
+            built = build_layer(items, work, plan.epoch)
+            docs = image_docs(image, built.layer, _labels(plan, image.config_digest, image.manifest_digest, patched.steps),
+                              f"sparkstack image build: overlay {o.name} ({o.source_label}), variant {plan.variant}",
+                              o.image_name, plan.variant, plan.epoch)
+            fresh = _already_built(plan.out, docs.index)
+            if not fresh:
+                write_output(plan.out, docs, src, built, plan.epoch)
+    finally:
+        src.close()
+    return BuildResult(plan.out, docs.name, docs.config_digest, docs.manifest_digest, built.layer.digest,
+                       image.config_digest, tuple(sorted(i.path for i in items)), patched.steps, patched.gates,
+                       fresh, dict(rootfs.cache.stats))
+
+
+def _already_built(out: Path, index: bytes) -> bool:
+    if out.is_dir():
+        try:
+            return (out / "index.json").read_bytes() == index
+        except OSError:
+            return False
+    if out.is_file():
+        import tarfile
+
+        try:
+            with tarfile.open(out, "r:") as tar:
+                f = tar.extractfile("index.json")
+                return f is not None and f.read() == index
+        except (tarfile.TarError, KeyError, OSError):
+            return False
+    return False
+
+
+_WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _wheel_items(plan: BuildPlan, variant: Variant, rootfs: RootFS, work: Path) -> list[LayerItem]:
+    """Install the variant's wheels with `installer` into a scratch dist-packages, and white out what they supersede."""
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    site_rel = posixpath.dirname(plan.overlay.vllm_root)  # .../dist-packages
+    prefix_rel = "usr/local"
+    scratch = work / "root"
+    dest = SchemeDictionaryDestination(
+        {"purelib": str(scratch / site_rel), "platlib": str(scratch / site_rel),
+         "scripts": str(scratch / prefix_rel / "bin"), "headers": str(scratch / prefix_rel / "include"),
+         "data": str(scratch / prefix_rel)},
+        interpreter="/usr/bin/python3", script_kind="posix")
+    new_dists = {}
+    for wheel in variant.wheels:
+        path = plan.wheel_dir / wheel.file
+        read_checked(plan.wheel_dir, SourceFile(wheel.file, wheel.sha256), plan.allow_unpinned)
+        m = _WHEEL_NAME.match(path.name)
+        if not m:
+            raise SparkstackError(f"{path.name}: not a wheel file name")
+        new_dists[_normalise(m["name"])] = m["version"]
+        try:
+            with WheelFile.open(path) as source:
+                install(source, dest, {"INSTALLER": b"sparkstack\n"})
+        except Exception as exc:  # installer raises plain exceptions for malformed wheels
+            raise SparkstackError(f"{path.name}: cannot install: {exc}") from None
+
+    items = []
+    installed = set()
+    for p in sorted(scratch.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(scratch).as_posix()
+            installed.add(rel)
+            items.append(LayerItem(rel, "file", source=p, executable=bool(p.stat().st_mode & 0o111)))
+    items += _superseded(rootfs, site_rel, new_dists, installed)
+    return items
+
+
+def _superseded(rootfs: RootFS, site_rel: str, new_dists: dict[str, str], installed: set[str]) -> list[LayerItem]:
+    """Whiteouts for base dist-info dirs of the same projects at other versions, and their files we do not replace."""
+    whiteouts = []
+    try:
+        names = rootfs.list_dir(site_rel)
+    except SparkstackError:
+        return whiteouts
+    for name in names:
+        if not name.endswith(".dist-info"):
+            continue
+        project, _, version = name[: -len(".dist-info")].rpartition("-")
+        norm = _normalise(project)
+        if norm not in new_dists or version == new_dists[norm]:
+            continue
+        record_path = f"{site_rel}/{name}/RECORD"
+        record = rootfs.read_files([record_path])[record_path] or b""
+        for line in record.decode("utf-8", errors="replace").splitlines():
+            rel = line.split(",", 1)[0]
+            full = posixpath.normpath(posixpath.join(site_rel, rel))
+            if not rel or full.startswith("..") or full.startswith(f"{site_rel}/{name}/") or full in installed:
+                continue
+            whiteouts.append(LayerItem(full, "whiteout"))
+        whiteouts.append(LayerItem(f"{site_rel}/{name}", "whiteout"))
+    return whiteouts
+
+
+def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platform: str = "linux/arm64",
+                 extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
+                 cache: LayerCache | None = None, on_progress=None) -> tuple[StepReport, ...]:
+    plan = plan_build(base, overlay_dir, overlay_src, Path("unused"), platform=platform, extra_steps=extra_steps,
+                      allow_unpinned=allow_unpinned)
+    paths = needed_paths(plan.overlay, plan.steps)
+    src, _, rootfs = open_rootfs(base, platform, paths, cache, on_progress)
+    try:
+        base_files = rootfs.read_files(paths)
+    finally:
+        src.close()
+    return check_drift(base_files, plan.overlay, plan.steps, plan.source_dir, allow_unpinned)
+
+
+def pin_overlay(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None) -> dict[str, str]:
+    """Fill every sha256 in overlay.toml from the real files. Returns {file: sha256} of what was written."""
+    from sparkstack import fsio
+
+    overlay = load_overlay(overlay_dir)
+    src = overlay_src / overlay.subdir if (overlay_src / overlay.subdir).is_dir() else overlay_src
+    files = {i.file.path: src / i.file.path for i in overlay.installs}
+    files.update({s.script.path: src / s.script.path for s in overlay.steps})
+    if wheel_dir is not None:
+        files.update({w.file: wheel_dir / w.file for v in overlay.variants.values() for w in v.wheels})
+    hashes = {}
+    for rel, path in files.items():
+        if not path.is_file():
+            raise SparkstackError(f"{path}: missing; cannot pin {rel}")
+        hashes[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    text = overlay.path.read_text()
+    lines = text.splitlines(keepends=True)
+    current = None
+    for i, line in enumerate(lines):
+        m = re.match(r'\s*(src|script|file)\s*=\s*"([^"]+)"', line)
+        if m:
+            current = m.group(2)
+        m = re.match(r'(\s*sha256\s*=\s*)"([^"]*)"', line)
+        if m and current in hashes:
+            lines[i] = f'{m.group(1)}"{hashes[current]}"\n'
+    new_text = "".join(lines)
+    load_overlay_text_check(new_text, overlay.path)
+    fsio.write_atomic(overlay.path, new_text.encode())
+    return hashes
+
+
+def load_overlay_text_check(text: str, path: Path) -> None:
+    import tomllib
+
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SparkstackError(f"{path}: pinning would break the file ({exc}); nothing written") from None
+

@@ -1,0 +1,70 @@
+"""OCI/docker image data: descriptors, media types and what one image is made of. Pure data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+MANIFEST_V1 = "application/vnd.oci.image.manifest.v1+json"
+INDEX_V1 = "application/vnd.oci.image.index.v1+json"
+CONFIG_V1 = "application/vnd.oci.image.config.v1+json"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+DOCKER_MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+
+# Docker media types name the same bytes as their OCI twins.
+OCI_EQUIVALENT = {
+    "application/vnd.docker.container.image.v1+json": CONFIG_V1,
+    "application/vnd.docker.image.rootfs.diff.tar": LAYER_TAR,
+    "application/vnd.docker.image.rootfs.diff.tar.gzip": LAYER_GZIP,
+    "application/vnd.docker.image.rootfs.diff.tar.zstd": LAYER_ZSTD,
+    DOCKER_MANIFEST_V2: MANIFEST_V1,
+    DOCKER_MANIFEST_LIST: INDEX_V1,
+}
+
+REF_NAME = "org.opencontainers.image.ref.name"
+CONTAINERD_NAME = "io.containerd.image.name"
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(doc: object) -> bytes:
+    """The byte form sparkstack writes for manifests, configs and indexes: sorted, compact, stable."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_hex(digest: str) -> str:
+    algo, _, hexpart = digest.partition(":")
+    if algo != "sha256" or len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return hexpart
+
+
+@dataclass(frozen=True)
+class Layer:
+    digest: str  # of the blob as stored (compressed or not)
+    media_type: str  # OCI media type
+    size: int
+    diff_id: str  # sha256 of the uncompressed tar, from the config
+
+
+@dataclass(frozen=True)
+class Image:
+    """One platform's image: its manifest, config and layers, as read from a source."""
+
+    manifest_digest: str
+    manifest: dict
+    config_digest: str
+    config: dict
+    layers: tuple[Layer, ...]
+    platform: str  # "os/arch[/variant]"
+
+    @property
+    def identity(self) -> str:
+        """The config digest: docker's image ID, which survives `docker load`."""
+        return self.config_digest

@@ -1,0 +1,194 @@
+"""The drift report: for each patch step, is it applied, applicable, or drifted against this base?
+
+Edits are read from the pinned, hash-checked script by static evaluation of its
+literal (marker, anchor, replacement) tuples: the script is never imported or
+run for this. Scripts without such literals are dry-run on a scratch copy.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack.errors import SparkstackError
+from sparkstack.patch.engine import last_line, lay_out, run_step, snapshot, step_argv
+from sparkstack.patch.overlay import Overlay, Step, read_checked
+
+Edit = tuple[str, str, str]  # marker, anchor, replacement
+
+
+@dataclass(frozen=True)
+class EditReport:
+    file: str  # relative to the vLLM root
+    marker: str
+    status: str  # applied | applicable | drifted
+    matches: int
+    diff: str  # for drifted: the closest region of the file against the anchor
+
+
+@dataclass(frozen=True)
+class StepReport:
+    name: str
+    status: str  # applied | applicable | drifted
+    method: str  # "static" (literal edits) or "dry-run"
+    edits: tuple[EditReport, ...]
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"step": self.name, "status": self.status, "method": self.method, "detail": self.detail,
+                "edits": [e.__dict__ for e in self.edits]}
+
+
+class _NotLiteral(Exception):
+    pass
+
+
+def _eval(node: ast.AST, env: dict[str, object]) -> object:
+    """Evaluate string literals, their concatenation, names bound to them, tuples, lists and dicts."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(left, str) and isinstance(right, str):
+            return left + right
+        raise _NotLiteral
+    if isinstance(node, ast.Name) and node.id in env:
+        return env[node.id]
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return [_eval(e, env) for e in node.elts]
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_eval(k, env): _eval(v, env) for k, v in zip(node.keys, node.values)}
+    raise _NotLiteral
+
+
+def _as_edits(value: object) -> list[Edit] | None:
+    if isinstance(value, list) and value and all(
+            isinstance(e, list) and len(e) == 3 and all(isinstance(x, str) for x in e) for e in value):
+        return [tuple(e) for e in value]
+    return None
+
+
+def literal_edits(source: str) -> dict[str | None, list[Edit]]:
+    """Edits declared as module-level literals: a list of triples, or {relative file: [triples]}.
+
+    The key None means "the step's own target file(s)".
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise SparkstackError(f"patch script does not parse: line {exc.lineno}: {exc.msg}") from None
+    env: dict[str, object] = {}
+    found: dict[str | None, list[Edit]] = {}
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        try:
+            value = _eval(stmt.value, env)
+        except _NotLiteral:
+            continue
+        env[stmt.targets[0].id] = value
+        edits = _as_edits(value)
+        if edits:
+            found.setdefault(None, []).extend(edits)
+        elif isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            per_file = {k: _as_edits(v) for k, v in value.items()}
+            if all(per_file.values()):
+                for k, v in per_file.items():
+                    found.setdefault(k, []).extend(v)
+    return found
+
+
+def closest_region(text: str, anchor: str, label: str) -> str:
+    """A unified diff of the anchor against the most similar run of lines in the file."""
+    want = anchor.splitlines(keepends=True) or [anchor]
+    lines = text.splitlines(keepends=True)
+    k = len(want)
+    best, best_at = -1.0, 0
+    matcher = difflib.SequenceMatcher(autojunk=False)
+    matcher.set_seq2("".join(want))
+    for i in range(max(1, len(lines) - k + 1)):
+        matcher.set_seq1("".join(lines[i:i + k]))
+        if matcher.real_quick_ratio() <= best or matcher.quick_ratio() <= best:
+            continue
+        ratio = matcher.ratio()
+        if ratio > best:
+            best, best_at = ratio, i
+    region = lines[best_at:best_at + k]
+    return "".join(difflib.unified_diff(want, region, "anchor (pinned script)",
+                                        f"{label}:{best_at + 1}-{best_at + len(region)}"))
+
+
+def _check_edit(file: str, text: str | None, edit: Edit) -> EditReport:
+    marker, anchor, _ = edit
+    if text is None:
+        return EditReport(file, marker, "drifted", 0, f"{file} is not in the base image")
+    if marker and marker in text:
+        return EditReport(file, marker, "applied", text.count(anchor), "")
+    n = text.count(anchor)
+    if n == 1:
+        return EditReport(file, marker, "applicable", 1, "")
+    diff = closest_region(text, anchor, file) if n == 0 else f"anchor occurs {n} times; it must occur once"
+    return EditReport(file, marker, "drifted", n, diff)
+
+
+def _overall(statuses: list[str]) -> str:
+    if "drifted" in statuses:
+        return "drifted"
+    if statuses and all(s == "applied" for s in statuses):
+        return "applied"
+    return "applicable"
+
+
+def check_drift(base_files: dict[str, bytes | None], overlay: Overlay, steps: tuple[Step, ...],
+                source_dir: Path, allow_unpinned: bool) -> tuple[StepReport, ...]:
+    reports = []
+    for step in steps:
+        script = read_checked(source_dir, step.script, allow_unpinned)
+        edits = literal_edits(script.decode("utf-8", errors="replace"))
+        if edits:
+            reports.append(_static_report(base_files, overlay, step, edits))
+        else:
+            reports.append(_dry_run_report(base_files, overlay, step, script))
+    return tuple(reports)
+
+
+def _text(base_files: dict[str, bytes | None], overlay: Overlay, rel: str) -> str | None:
+    data = base_files.get(f"{overlay.vllm_root}/{rel}")
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _static_report(base_files, overlay: Overlay, step: Step, edits: dict[str | None, list[Edit]]) -> StepReport:
+    results = []
+    for key, group in edits.items():
+        for edit in group:
+            if key is not None:
+                results.append(_check_edit(key, _text(base_files, overlay, key), edit))
+                continue
+            # Unkeyed edits apply to the step's file(s): judge each against the file it fits best.
+            candidates = [_check_edit(t, _text(base_files, overlay, t), edit) for t in step.touches]
+            rank = {"applied": 0, "applicable": 1, "drifted": 2}
+            results.append(min(candidates, key=lambda r: rank[r.status]))
+    status = _overall([r.status for r in results])
+    drifted = sum(r.status == "drifted" for r in results)
+    return StepReport(step.name, status, "static", tuple(results),
+                      f"{len(results)} edits, {drifted} drifted" if drifted else f"{len(results)} edits")
+
+
+def _dry_run_report(base_files, overlay: Overlay, step: Step, script: bytes) -> StepReport:
+    with tempfile.TemporaryDirectory(prefix="sparkstack-drift-") as tmp:
+        work = Path(tmp)
+        scratch = work / "root"
+        scratch.mkdir()
+        lay_out(scratch, base_files)
+        path = work / Path(step.script.path).name
+        path.write_bytes(script)
+        before = snapshot(scratch)
+        proc = run_step(step_argv(step, path, scratch, overlay.vllm_root), work)
+        if proc.returncode != 0:
+            return StepReport(step.name, "drifted", "dry-run", (), last_line(proc.stderr or proc.stdout))
+        changed = snapshot(scratch) != before
+        return StepReport(step.name, "applicable" if changed else "applied", "dry-run", (),
+                          "script ran cleanly on a scratch copy" + ("" if changed else " and changed nothing"))
