@@ -164,7 +164,7 @@ def write_base(out: Path, layers=None, arch: str = "arm64", tag: str = "base",
 
     descs, diff_ids = [], []
     for kind, entries in layers:
-        raw = tar_bytes(entries)
+        raw = entries if isinstance(entries, bytes) else tar_bytes(entries)
         blob, media = compress(kind, raw)
         descs.append({"mediaType": media, "digest": put(blob), "size": len(blob)})
         diff_ids.append(_sha(raw))
@@ -186,6 +186,15 @@ def write_base(out: Path, layers=None, arch: str = "arm64", tag: str = "base",
     (out / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [desc]}))
     (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     return {"config": cfg, "manifest": man, "layers": [d["digest"] for d in descs]}
+
+
+def rootfs_tar(root: Path) -> bytes:
+    """A whole directory tree (e.g. a debootstrap rootfs) as one layer's tar."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for p in sorted(root.iterdir()):
+            tar.add(p, arcname=p.name)
+    return buf.getvalue()
 
 
 def layout_to_oci_archive(layout: Path, tar_path: Path) -> None:

@@ -100,11 +100,11 @@ class BuildResult:
         }
 
 
-def _labels(plan: BuildPlan, base_config: str, base_manifest: str, steps: tuple[StepOutcome, ...]) -> dict[str, str]:
+def _labels(plan: BuildPlan, base_config: str) -> dict[str, str]:
+    """Labels record the base by its identity (config digest), so every container format of it gives one image."""
     o = plan.overlay
     labels = {
         f"{LABEL}.base.config": base_config,
-        f"{LABEL}.base.manifest": base_manifest,
         f"{LABEL}.overlay.source": o.source_label,
         f"{LABEL}.overlay.pinned": "unpinned" if o.unpinned else "true",
         f"{LABEL}.overlay.steps": json.dumps([
@@ -144,7 +144,7 @@ def build_image(plan: BuildPlan, cache: LayerCache | None = None,
             if plan.variant != "plain":
                 items += _wheel_items(plan, o.variants[plan.variant], rootfs, work / "wheels")
             built = build_layer(items, work, plan.epoch)
-            docs = image_docs(image, built.layer, _labels(plan, image.config_digest, image.manifest_digest, patched.steps),
+            docs = image_docs(image, built.layer, _labels(plan, image.config_digest),
                               f"sparkstack image build: overlay {o.name} ({o.source_label}), variant {plan.variant}",
                               o.image_name, plan.variant, plan.epoch)
             fresh = _already_built(plan.out, docs.index)

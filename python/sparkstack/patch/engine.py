@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError
-from sparkstack.patch.overlay import Overlay, Step, read_checked
+from sparkstack.patch.overlay import PLACEHOLDER, Overlay, Step, read_checked
 
-_PLACEHOLDER = re.compile(r"\{([a-z]+)(?::([^}]*))?\}")
 STEP_TIMEOUT_S = 120
 
 
@@ -68,20 +67,10 @@ def snapshot(root: Path) -> dict[str, str]:
 def step_argv(step: Step, script: Path, scratch: Path, vllm_root: str) -> list[str]:
     vllm = scratch / vllm_root
 
-    def fill(arg: str) -> str:
-        def sub(m: re.Match) -> str:
-            kind, rel = m.group(1), m.group(2)
-            if kind == "vllm" and rel is None:
-                return str(vllm)
-            if kind == "file" and rel:
-                if rel.startswith("/") or ".." in rel.split("/"):
-                    raise SparkstackError(f"step {step.name}: {{file:{rel}}} must stay under the vLLM root")
-                return str(vllm / rel)
-            raise SparkstackError(f"step {step.name}: unknown placeholder {m.group(0)}")
+    def sub(m: re.Match) -> str:  # load_overlay has already refused unknown or escaping placeholders
+        return str(vllm / m.group(2)) if m.group(1) == "file" else str(vllm)
 
-        return _PLACEHOLDER.sub(sub, arg)
-
-    return [sys.executable, str(script), *(fill(a) for a in step.args)]
+    return [sys.executable, str(script), *(PLACEHOLDER.sub(sub, a) for a in step.args)]
 
 
 def run_step(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:

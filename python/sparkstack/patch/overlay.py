@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 from sparkstack.errors import SparkstackError
 
 UNPINNED = "unpinned"
+# Step arguments may name {vllm} (the vLLM root in the scratch tree) or {file:REL} (a file under it).
+PLACEHOLDER = re.compile(r"\{([a-z]+)(?::([^}]*))?\}")
 DEFAULT_VLLM_ROOT = "usr/local/lib/python3.12/dist-packages/vllm"
 
 
@@ -93,6 +96,18 @@ def _strs(where: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _step_args(where: str, value: object) -> tuple[str, ...]:
+    args = _strs(f"{where} args", value)
+    for arg in args:
+        for m in PLACEHOLDER.finditer(arg):
+            kind, rel = m.group(1), m.group(2)
+            if kind == "file" and rel:
+                _relpath(f"{where} args {m.group(0)}", rel)
+            elif not (kind == "vllm" and rel is None):
+                raise SparkstackError(f"{where}: unknown placeholder {m.group(0)} (use {{vllm}} or {{file:REL}})")
+    return args
+
+
 def _relpath(where: str, value: object) -> str:
     if not isinstance(value, str) or not value or value.startswith("/") or ".." in value.split("/"):
         raise SparkstackError(f"{where}: {value!r} must be a relative path inside the tree")
@@ -124,7 +139,7 @@ def load_overlay(directory: Path) -> Overlay:
         where = f"{w} [[steps]] #{i + 1}"
         _keys(where, t, {"name", "script", "sha256", "args", "touches"}, {"markers", "enabled"})
         steps.append(Step(t["name"], SourceFile(_relpath(where, t["script"]), _sha(where, t["sha256"])),
-                          _strs(f"{where} args", t["args"]),
+                          _step_args(where, t["args"]),
                           tuple(_relpath(where, p) for p in _strs(f"{where} touches", t["touches"])),
                           _strs(f"{where} markers", t.get("markers", [])), bool(t.get("enabled", True))))
     gates = doc.get("gates", {})

@@ -1,0 +1,122 @@
+"""Real daemons for the tests, each tracked by its pidfile and stopped by PID.
+
+dockerd is started with the flags LAB.md lists (no bridge, no iptables), its own
+data root, exec root and socket, so it never touches a system daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+class DaemonError(RuntimeError):
+    pass
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    tail = log.read_text()[-2000:] if log and log.exists() else ""
+    raise DaemonError(f"{what} did not come up within {timeout:.0f} s\n{tail}")
+
+
+def stop_pid(pid: int, timeout: float = 15) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+class Dockerd:
+    """A private dockerd. `prefix` wraps the command (e.g. to enter a network namespace)."""
+
+    def __init__(self, state: Path, prefix: list[str] | None = None) -> None:
+        self.state = state
+        self.socket = state / "docker.sock"
+        self.pidfile = state / "docker.pid"
+        self.log = state / "dockerd.log"
+        self.prefix = prefix or []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self, timeout: float = 60) -> Dockerd:
+        dockerd = shutil.which("dockerd")
+        if dockerd is None:
+            raise DaemonError("dockerd is not installed")
+        (self.state / "data").mkdir(parents=True, exist_ok=True)
+        (self.state / "exec").mkdir(exist_ok=True)
+        argv = [dockerd, "--storage-driver=overlay2", "--iptables=false", "--ip6tables=false", "--bridge=none",
+                "--ip-forward=false", "--ip-masq=false", "--data-root", str(self.state / "data"),
+                "--exec-root", str(self.state / "exec"), "-H", self.host, "--pidfile", str(self.pidfile)]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.prefix + argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(self._answers, timeout, "dockerd", self.proc, self.log)
+        return self
+
+    def _answers(self) -> bool:
+        if not self.socket.exists():
+            return False
+        return subprocess.run(self.cli("version", "--format", "{{.Server.Version}}"), capture_output=True).returncode == 0
+
+    def cli(self, *args: str) -> list[str]:
+        return ["docker", "-H", self.host, *args]
+
+    def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        proc = subprocess.run(self.cli(*args), capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise DaemonError(f"docker {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        pid = self.pid()
+        if pid:
+            stop_pid(pid)
+        if self.proc is not None:
+            stop_pid(self.proc.pid)
+            self.proc.wait(timeout=30)
+        # overlay2 leaves mounts under the data root when a container was killed hard.
+        subprocess.run(["sh", "-c", f"grep -o ' {self.state}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l"],
+                       capture_output=True)
