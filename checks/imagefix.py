@@ -151,7 +151,7 @@ def _sha(data: bytes) -> str:
 
 
 def write_base(out: Path, layers=None, arch: str = "arm64", tag: str = "base",
-               index_platform: bool = True) -> dict:
+               index_platform: bool = True, entrypoint: list[str] | None = None) -> dict:
     """Write an OCI layout dir. Returns {"config": digest, "manifest": digest, "layers": [digests]}."""
     layers = default_layers() if layers is None else layers
     blobs = out / "blobs" / "sha256"
@@ -170,7 +170,8 @@ def write_base(out: Path, layers=None, arch: str = "arm64", tag: str = "base",
         diff_ids.append(_sha(raw))
     config = json.dumps({
         "architecture": arch, "os": "linux",
-        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Labels": {"fixture": "base"}},
+        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Labels": {"fixture": "base"},
+                   **({"Entrypoint": entrypoint} if entrypoint else {})},
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
         "history": [{"created_by": f"fixture layer {i}"} for i in range(len(layers))],
     }).encode()

@@ -60,14 +60,14 @@ def _debian_mirror() -> str:
 
 @pytest.fixture(scope="session")
 def python_rootfs_tar():
-    """A minimal Debian rootfs with python3, as one layer tar (debootstrap once, cached on this machine)."""
+    """A minbase Debian rootfs with python3 and its standard library, as one layer tar (debootstrap once, cached on this machine)."""
     require("debootstrap")
-    cached = ROOTFS_CACHE / "bookworm-python3.tar"
+    cached = ROOTFS_CACHE / "bookworm-python3-stdlib.tar"
     if not cached.exists():
         ROOTFS_CACHE.mkdir(parents=True, exist_ok=True)
         root = ROOTFS_CACHE / "bookworm-python3.tmp"
         shutil.rmtree(root, ignore_errors=True)
-        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3-minimal", "bookworm", str(root),
+        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root),
                                _debian_mirror()], capture_output=True, text=True)
         if proc.returncode != 0:
             pytest.fail(f"debootstrap failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
@@ -78,3 +78,74 @@ def python_rootfs_tar():
         partial.rename(cached)
         shutil.rmtree(root, ignore_errors=True)
     return cached.read_bytes()
+
+
+# ---------------------------------------------------------------- the two-host lab
+
+import atexit  # noqa: E402
+import signal  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+
+from lab import Lab  # noqa: E402
+
+STANDIN = Path(__file__).parent / "standin_engine.py"
+STANDIN_DEST = "entrypoints/standin_engine.py"  # under the vLLM root
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """Head and worker namespaces with dockerd each, sshd on the worker. Torn down in every case."""
+    require("ip", "nsenter", "unshare", "dockerd", "docker", "sshd", "ssh", "ssh-keygen", "rsync")
+    root = Path(os.environ.get("SPARKSTACK_LAB_ROOT") or tmp_path_factory.mktemp("lab"))
+    the_lab = Lab(root, tag=os.environ.get("SPARKSTACK_LAB_TAG", str(os.getpid())))
+    atexit.register(the_lab.stop)  # also on paths where pytest's own teardown does not run
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a plain `kill` still reaches atexit
+    try:
+        the_lab.start()
+    except Exception as exc:
+        the_lab.stop()
+        pytest.fail(f"lab did not start: {exc}")
+    print(f"\nlab up in {the_lab.startup_s:.2f} s")
+    yield the_lab
+    the_lab.stop()
+
+
+@pytest.fixture(scope="session")
+def standin_image(tmp_path_factory, python_rootfs_tar):
+    """The stand-in engine image, built by sparkstack's own image builder. Returns (tar path, result)."""
+    import imagefix as fx
+
+    work = tmp_path_factory.mktemp("standin")
+    base = work / "base"
+    vllm_skeleton = [(f"{fx.VLLM}/__init__.py", "file", "")]
+    for i in range(1, len(fx.VLLM.split("/"))):
+        vllm_skeleton.insert(i - 1, ("/".join(fx.VLLM.split("/")[:i]), "dir", None))
+    fx.write_base(base, layers=[("none", python_rootfs_tar), ("gzip", vllm_skeleton)], arch="amd64",
+                  entrypoint=["python3", f"/{fx.VLLM}/{STANDIN_DEST}"])
+    src = work / "src" / "overlay-dflash2"
+    src.mkdir(parents=True)
+    (src / "standin_engine.py").write_bytes(STANDIN.read_bytes())
+    sha = hashlib.sha256(STANDIN.read_bytes()).hexdigest()
+    (work / "overlay").mkdir()
+    (work / "overlay" / "overlay.toml").write_text(
+        f'name = "standin"\n[image]\nname = "sparkstack/standin-engine"\n'
+        f'[source]\nrepo = "sparkstack/lab"\nrev = "{fx.REV}"\nsubdir = "overlay-dflash2"\n'
+        f'[[install]]\nsrc = "standin_engine.py"\ndest = "{STANDIN_DEST}"\nsha256 = "{sha}"\n')
+    out = work / "standin.tar"
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(base), "--overlay",
+                           str(work / "overlay"), "--overlay-src", str(work / "src"), "--out", str(out),
+                           "--platform", "linux/amd64", "--json"], capture_output=True, text=True,
+                          env=dict(os.environ, SPARKSTACK_CACHE_DIR=str(work / "cache")))
+    if proc.returncode != 0:
+        pytest.fail(f"stand-in image build failed: {proc.stderr}")
+    return out, json.loads(proc.stdout)["result"]
+
+
+@pytest.fixture(scope="session")
+def lab_with_image(lab, standin_image):
+    """The lab with the stand-in image loaded into both hosts' dockerd."""
+    tar, result = standin_image
+    for host in lab.hosts.values():
+        host.docker("load", "-i", str(tar))
+    return lab, result

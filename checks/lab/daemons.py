@@ -37,14 +37,21 @@ def stop_pid(pid: int, timeout: float = 15) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        _reap(pid)
+        if not pid_alive(pid):
             return
         time.sleep(0.1)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child, so it does not linger as a zombie that still answers kill(0)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
         pass
 
 
@@ -114,7 +121,7 @@ class Dockerd:
         pid = self.pid()
         if pid:
             stop_pid(pid)
-        if self.proc is not None:
+        if self.proc is not None and self.proc.poll() is None:
             stop_pid(self.proc.pid)
             self.proc.wait(timeout=30)
         # overlay2 leaves mounts under the data root when a container was killed hard.

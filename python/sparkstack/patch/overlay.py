@@ -123,7 +123,7 @@ def load_overlay(directory: Path) -> Overlay:
     except tomllib.TOMLDecodeError as exc:
         raise SparkstackError(f"{path}: not valid TOML ({exc})") from None
     w = str(path)
-    _keys(w, doc, {"name", "image", "source", "install", "steps"}, {"gates", "variants"})
+    _keys(w, doc, {"name", "image", "source"}, {"install", "steps", "gates", "variants"})
     _keys(f"{w} [image]", doc["image"], {"name"}, {"vllm_root"})
     _keys(f"{w} [source]", doc["source"], {"repo", "rev", "subdir"})
     rev = doc["source"]["rev"]
@@ -131,11 +131,11 @@ def load_overlay(directory: Path) -> Overlay:
         raise SparkstackError(f"{w} [source]: rev must be a full 40-hex commit, got {rev!r}")
 
     installs = []
-    for i, t in enumerate(doc["install"]):
+    for i, t in enumerate(doc.get("install", [])):
         _keys(f"{w} [[install]] #{i + 1}", t, {"src", "dest", "sha256"})
         installs.append(Install(SourceFile(_relpath(w, t["src"]), _sha(w, t["sha256"])), _relpath(w, t["dest"])))
     steps = []
-    for i, t in enumerate(doc["steps"]):
+    for i, t in enumerate(doc.get("steps", [])):
         where = f"{w} [[steps]] #{i + 1}"
         _keys(where, t, {"name", "script", "sha256", "args", "touches"}, {"markers", "enabled"})
         steps.append(Step(t["name"], SourceFile(_relpath(where, t["script"]), _sha(where, t["sha256"])),

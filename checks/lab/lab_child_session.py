@@ -1,0 +1,14 @@
+"""Run only as a child session by test_lab.py::test_lab_leaves_nothing_behind (the name keeps pytest
+from collecting it otherwise): it brings a lab up, then fails or waits to be interrupted."""
+
+import os
+import time
+
+import pytest
+
+
+def test_child_session(lab):
+    (lab.root / "ready").write_text("up")
+    if os.environ.get("SPARKSTACK_LAB_CHILD") == "fail":
+        pytest.fail("deliberate failure, to check teardown")
+    time.sleep(120)
