@@ -274,5 +274,144 @@ def pin(overlay_dir, overlay_src, wheel_dir, as_json) -> None:
             click.echo(f"{sha}  {rel}")
 
 
+# ---------------------------------------------------------------- launch / plan kv
+
+@main.command()
+@click.argument("target")
+@click.option("--recipe", default=None, help="Recipe name (under recipes/) or path. Default: glm53-flash-dflash2-nvfp4.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and preflight from local facts; start nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--probe", is_flag=True, help="With --dry-run: also ask every rank's docker (over ssh) for image and containers.")
+@click.option("--profile", type=click.Choice(["production", "lab"]), default="production", show_default=True,
+              help="lab drops --gpus, --ulimit memlock and --device /dev/infiniband, which the lab lacks.")
+@click.option("--host-root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
+              help="Read host facts (/sys, /proc) below this root.")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
+@click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
+@click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
+@click.option("--drop-caches", is_flag=True, help="sync and drop the page cache before launching.")
+@click.option("--min-free-mem-gib", type=float, default=100.0, show_default=True)
+@click.option("--health-interval", type=float, default=10.0, show_default=True, help="Seconds between /health polls.")
+@click.option("--health-attempts", type=int, default=360, show_default=True)
+@click.option("--worker-delay", type=float, default=20.0, show_default=True, help="Seconds between the workers and the head.")
+@one_line_errors
+def launch(target, recipe, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
+           min_free_mem_gib, health_interval, health_attempts, worker_delay) -> None:
+    """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
+    import os
+
+    from sparkstack.launch import apply as launch_apply
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.preflight import Thresholds, run_preflight, runner_for
+    from sparkstack.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    plan = build_plan(r, os.environ, profile)
+    runners = {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
+    if target in ("stop", "status"):
+        if target == "stop":
+            failures = launch_apply.stop(plan, runners, lambda m: click.echo(m, err=as_json))
+            if failures:
+                _fail("; ".join(failures))
+        else:
+            rows = launch_apply.status(plan, runners)
+            if as_json:
+                _print_json({"ranks": rows})
+            else:
+                for row in rows:
+                    click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+        return
+    if target == "all":
+        ranks = [rk.rank for rk in plan.ranks]
+    elif target.isdigit() and int(target) < len(plan.ranks):
+        ranks = [int(target)]
+    else:
+        raise click.UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), all, stop or status; got {target!r}")
+    selected = [rk for rk in plan.ranks if rk.rank in ranks]
+    thresholds = Thresholds(min_free_mem_gib=min_free_mem_gib)
+    checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
+                           dict(os.environ), thresholds, drop=drop_caches and not dry_run)
+    if dry_run:
+        preflight = [c.to_json() for c in checks]
+        if as_json:
+            doc = plan.to_json()
+            if len(selected) == 1:
+                _print_json({**{k: v for k, v in doc.items() if k != "ranks"}, **selected[0].to_json(), "preflight": preflight})
+            else:
+                _print_json({**doc, "preflight": preflight})
+            return
+        import shlex
+
+        click.echo(f"recipe {r.name} ({r.status}{': ' + r.blocked_reason if r.blocked else ''}), profile {profile}")
+        for c in checks:
+            click.echo(c.line())
+        for rk in selected:
+            where = rk.ssh or "this machine"
+            click.echo(f"\n# rank {rk.rank} on {rk.host} ({where}){' via ' + rk.docker_host if rk.docker_host else ''}")
+            click.echo(shlex.join(rk.docker_run))
+        for note in plan.notes:
+            click.echo(f"note: {note}")
+        return
+    for c in checks:
+        click.echo(c.line(), err=as_json)
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        _fail(f"preflight failed ({len(failed)}): {failed[0].line().strip()}")
+    from sparkstack.launch.apply import LaunchFailed, Timeouts
+
+    timeouts = Timeouts(health_interval_s=health_interval, health_attempts=health_attempts, worker_delay_s=worker_delay)
+    try:
+        record, boot = launch_apply.launch(plan, runners, ranks, timeouts, dict(os.environ), lambda m: click.echo(m, err=as_json))
+    except LaunchFailed as exc:
+        for rank, text in sorted(exc.logs.items()):
+            click.echo(f"--- rank {rank} log (last lines) ---", err=True)
+            click.echo(text.rstrip(), err=True)
+        raise
+    if as_json:
+        _print_json({"record": str(record), "boot": None if boot is None else boot.__dict__})
+    else:
+        click.echo(f"run record: {record}")
+
+
+@main.group("plan")
+def plan_group() -> None:
+    """Plans that need no machine."""
+
+
+@plan_group.command("kv")
+@click.option("--recipe", default=None)
+@click.option("--kv-bytes", type=int, default=None, help="KV pool bytes (default: the recipe's KV pin).")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def plan_kv_cmd(recipe, kv_bytes, as_json) -> None:
+    """Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify."""
+    import os
+
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.recipe import load_recipe
+    from sparkstack.recipe.kv import plan_kv
+
+    r = load_recipe(recipe)
+    launch_plan = build_plan(r, os.environ)
+    args = list(launch_plan.ranks[0].docker_run)
+    if kv_bytes is None:
+        for flag in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
+            if flag in args:
+                kv_bytes = int(args[args.index(flag) + 1])
+    block = int(args[args.index("--block-size") + 1]) if "--block-size" in args else 16
+    max_len = int(args[args.index("--max-model-len") + 1]) if "--max-model-len" in args else int(launch_plan.knobs["MAX_MODEL_LEN"])
+    kv = plan_kv(r.kv, kv_bytes, max_len, block)
+    if as_json:
+        _print_json(kv.to_json())
+        return
+    if kv.tokens is None:
+        click.echo(f"tokens: unknown ({'no KV bytes given' if kv_bytes is None else 'no measured per-token cost'})")
+    else:
+        click.echo(f"{kv_bytes:,} B / {kv.per_token_bytes:,.2f} B per token = {kv.tokens:,} tokens "
+                   f"= {kv.coverage:.2f}x max-model-len {max_len:,}")
+    pu = kv.page_unification
+    click.echo(f"page unification: {'ok' if pu.ok else 'unknown' if pu.ok is None else 'FAILS'}: {pu.reason}")
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,275 @@
+"""Apply a launch plan: workers first, then the head; watch the boot; prove the model generates; record the run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import requests
+
+from sparkstack import fsio
+from sparkstack.errors import SparkstackError
+from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.remote import Runner, first_line
+
+EXPECTED_LINES = (
+    "Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",
+    "Using 'MARLIN' NvFp4 MoE backend",
+    "Using Eagle3 auxiliary layers from config: (6, 15, 25, 34, 43)",
+    "GPU KV cache size:",
+    "Graph capturing finished",
+)
+# Known fatal patterns: fail fast instead of waiting out the health timeout.
+FATAL_PATTERNS = (
+    ("page size is not divisible by the maximum page size", "KV page sizes cannot be unified"),
+    ("NCCL error", "NCCL error"),
+    ("ncclInternalError", "NCCL error"),
+    ("ncclSystemError", "NCCL error"),
+    ("CUDA out of memory", "CUDA out of memory"),
+    ("torch.OutOfMemoryError", "CUDA out of memory"),
+)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    health_interval_s: float = 10.0
+    health_attempts: int = 360
+    worker_start_s: float = 120.0
+    worker_delay_s: float = 20.0
+    log_tail: int = 80
+
+
+class LaunchFailed(SparkstackError):
+    def __init__(self, message: str, logs: dict[int, str]) -> None:
+        super().__init__(message)
+        self.logs = logs
+
+
+@dataclass
+class Boot:
+    port_open_s: float | None = None
+    health_s: float | None = None
+    ttft_s: float | None = None
+    seen_lines: list[str] = field(default_factory=list)
+
+
+def _docker_run(rank: RankPlan, runner: Runner) -> list[str]:
+    argv = list(rank.docker_run)
+    return runner.docker(*argv[1:])
+
+
+def _state(runner: Runner, name: str) -> tuple[str, str | None]:
+    proc = runner.run_docker("inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}", name, timeout=30)
+    if proc.returncode != 0:
+        return "absent", None
+    status, _, started = proc.stdout.strip().partition(" ")
+    return status, started
+
+
+def _logs(runner: Runner, name: str, tail: int) -> str:
+    proc = runner.run_docker("logs", "--tail", str(tail), name, timeout=30)
+    return (proc.stdout + proc.stderr) if proc.returncode == 0 else f"(no logs: {first_line(proc)})"
+
+
+def _started_epoch(started: str | None) -> float:
+    if not started:
+        return time.time()
+    # docker prints nanoseconds; datetime takes microseconds.
+    head, _, frac = started.rstrip("Z").partition(".")
+    stamp = datetime.fromisoformat(head + "+00:00")
+    return stamp.timestamp() + (float("0." + frac[:6]) if frac else 0.0)
+
+
+def all_logs(plan: LaunchPlan, runners: dict[int, Runner], tail: int) -> dict[int, str]:
+    return {r.rank: _logs(runners[r.rank], r.name, tail) for r in plan.ranks}
+
+
+def start_rank(rank: RankPlan, runner: Runner, env: dict) -> None:
+    proc = runner.run(_docker_run(rank, runner), timeout=300, env=env)
+    if proc.returncode != 0:
+        raise LaunchFailed(f"rank {rank.rank} did not start on {runner.label}: {first_line(proc)}", {})
+
+
+def wait_running(rank: RankPlan, runner: Runner, t: Timeouts) -> None:
+    deadline = time.monotonic() + t.worker_start_s
+    while time.monotonic() < deadline:
+        status, _ = _state(runner, rank.name)
+        if status == "running":
+            return
+        if status in ("exited", "dead", "absent"):
+            raise LaunchFailed(f"rank {rank.rank} container {rank.name} is {status} right after start",
+                               {rank.rank: _logs(runner, rank.name, t.log_tail)})
+        time.sleep(0.5)
+    raise LaunchFailed(f"rank {rank.rank} container {rank.name} not running after {t.worker_start_s:.0f} s",
+                       {rank.rank: _logs(runner, rank.name, t.log_tail)})
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def first_token_s(port: int, model: str, api_key: str | None) -> float:
+    """One streaming chat request; seconds until its first content token."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "stream": True,
+            "max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
+    t0 = time.monotonic()
+    with requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers, stream=True,
+                       timeout=120) as resp:
+        if resp.status_code != 200:
+            raise SparkstackError(f"chat request returned HTTP {resp.status_code}")
+        for line in resp.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"][0].get("delta", {})
+            if delta.get("content") or delta.get("reasoning_content"):
+                return time.monotonic() - t0
+    raise SparkstackError("chat stream ended without a token")
+
+
+def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_key: str | None,
+               on_event: Callable[[str], None]) -> Boot:
+    head = plan.ranks[0]
+    _, started = _state(runners[0], head.name)
+    t0 = _started_epoch(started)
+    boot = Boot()
+    for _ in range(t.health_attempts):
+        for rank in plan.ranks:
+            status, _ = _state(runners[rank.rank], rank.name)
+            if status != "running":
+                raise LaunchFailed(f"rank {rank.rank} container {rank.name} is {status} during boot",
+                                   all_logs(plan, runners, t.log_tail))
+            text = _logs(runners[rank.rank], rank.name, 400)
+            for pattern, what in FATAL_PATTERNS:
+                if pattern in text:
+                    raise LaunchFailed(f"rank {rank.rank}: {what} ({pattern!r} in its log)", all_logs(plan, runners, t.log_tail))
+            if rank.rank == 0:
+                for line in EXPECTED_LINES:
+                    if line in text and line not in boot.seen_lines:
+                        boot.seen_lines.append(line)
+                        on_event(f"seen: {line}")
+        if boot.port_open_s is None and _port_open(plan.api_port):
+            boot.port_open_s = round(time.time() - t0, 3)
+            on_event(f"port {plan.api_port} open after {boot.port_open_s:.1f} s")
+        try:
+            healthy = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code == 200
+        except requests.RequestException:
+            healthy = False
+        if healthy:  # /health, never /v1/models: that one answers 200 with a dead engine
+            boot.health_s = round(time.time() - t0, 3)
+            on_event(f"/health 200 after {boot.health_s:.1f} s")
+            ttft = first_token_s(plan.api_port, plan.knobs["SERVED_NAME"], api_key)
+            boot.ttft_s = round(time.time() - t0, 3)
+            on_event(f"first token after {boot.ttft_s:.1f} s (request itself {ttft:.2f} s)")
+            return boot
+        time.sleep(t.health_interval_s)
+    raise LaunchFailed(f"no /health 200 after {t.health_attempts} x {t.health_interval_s:g} s",
+                       all_logs(plan, runners, t.log_tail))
+
+
+def run_id(plan: LaunchPlan, image_id: str) -> str:
+    doc = {"image": image_id, "model": plan.model_revision, "drafter": plan.drafter_revision,
+           "argv": [list(r.docker_run) for r in plan.ranks]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def state_dir() -> Path:
+    base = os.environ.get("SPARKSTACK_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "sparkstack")
+    return Path(base) / "runs"
+
+
+def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ranks: list[int]) -> Path:
+    rid = run_id(plan, image_id)
+    record = {
+        "id": rid, "recipe": plan.recipe.name, "image": plan.image, "image_id": image_id,
+        "model_revision": plan.model_revision, "drafter_revision": plan.drafter_revision,
+        "ranks": [{"rank": r.rank, "host": r.host, "name": r.name, "docker_run": list(r.docker_run)}
+                  for r in plan.ranks if r.rank in ranks],
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "boot": None if boot is None else {"port_open_s": boot.port_open_s, "health_s": boot.health_s,
+                                           "ttft_s": boot.ttft_s, "seen_lines": boot.seen_lines},
+    }
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{rid}.json"
+    fsio.write_atomic(path, (json.dumps(record, indent=2) + "\n").encode())
+    fsio.write_atomic(d / "latest", rid.encode())
+    return path
+
+
+def latest_record() -> dict | None:
+    d = state_dir()
+    try:
+        return json.loads((d / f"{(d / 'latest').read_text().strip()}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Timeouts, environ: dict,
+           on_event: Callable[[str], None]) -> tuple[Path, Boot | None]:
+    """Start `ranks` (workers first, then the head) and, when the head is among them, wait for readiness."""
+    env = dict(environ)
+    for rank in sorted((r for r in plan.ranks if r.rank in ranks and r.rank != 0), key=lambda r: r.rank):
+        on_event(f"starting rank {rank.rank} on {runners[rank.rank].label}")
+        start_rank(rank, runners[rank.rank], env)
+        wait_running(rank, runners[rank.rank], t)
+        on_event(f"rank {rank.rank} running")
+    boot = None
+    if 0 in ranks:
+        if len(ranks) > 1 and t.worker_delay_s > 0:
+            on_event(f"waiting {t.worker_delay_s:g} s before the head")
+            time.sleep(t.worker_delay_s)
+        on_event("starting rank 0 (head)")
+        start_rank(plan.ranks[0], runners[0], env)
+        boot = watch_boot(plan, runners, t, environ.get("VLLM_API_KEY"), on_event)
+    proc = runners[ranks[0]].run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
+    image_id = proc.stdout.strip() if proc.returncode == 0 else "unknown"
+    return write_record(plan, image_id, boot, ranks), boot
+
+
+def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str], None]) -> list[str]:
+    """Head first, then workers (over the management network). Returns the failures."""
+    failures = []
+    for rank in plan.ranks:
+        proc = runners[rank.rank].run_docker("rm", "-f", rank.name, timeout=60)
+        if proc.returncode == 0 or "No such container" in (proc.stderr or ""):
+            on_event(f"rank {rank.rank}: {rank.name} removed" if proc.returncode == 0 else f"rank {rank.rank}: {rank.name} was not running")
+        else:
+            failures.append(f"rank {rank.rank} on {runners[rank.rank].label}: {first_line(proc)}")
+    return failures
+
+
+def status(plan: LaunchPlan, runners: dict[int, Runner]) -> list[dict]:
+    out = []
+    record = latest_record()
+    for rank in plan.ranks:
+        r = runners[rank.rank]
+        proc = r.run_docker("inspect", "--format", "{{.State.Status}} {{.State.StartedAt}} {{.Image}}", rank.name, timeout=30)
+        row = {"rank": rank.rank, "host": rank.host, "name": rank.name, "state": "absent", "image_id": None,
+               "uptime_s": None, "health": None}
+        if proc.returncode == 0:
+            state, started, image = proc.stdout.split()
+            row.update(state=state, image_id=image, uptime_s=round(time.time() - _started_epoch(started)) if state == "running" else None)
+        elif proc.returncode not in (0, 1):
+            row["state"] = f"unknown ({first_line(proc)})"
+        if rank.rank == 0 and row["state"] == "running":
+            try:
+                row["health"] = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code
+            except requests.RequestException as exc:
+                row["health"] = f"unreachable ({type(exc).__name__})"
+        out.append(row)
+    if record:
+        out.append({"last_run": record["id"], "boot": record.get("boot")})
+    return out

@@ -1,0 +1,303 @@
+"""The launch plan: recipe + environment knobs + local host facts -> one `docker run` argv per rank.
+
+Pure apart from reading refs/main of the two cache entries on this machine.
+Precedence: built-in defaults < the recipe's knob defaults and values < environment variables set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkstack.errors import SparkstackError
+from sparkstack.recipe import KNOB_DEFAULTS, NodeSpec, Recipe
+
+CONTAINER_HUB = "/root/.cache/huggingface/hub"
+FABRIC_IPS = ("10.0.0.1", "10.0.0.2")
+LAB_DROPS = (("--gpus", "all"), ("--ulimit", "memlock=-1:-1"), ("--device", "/dev/infiniband:/dev/infiniband"))
+SECRET_ENV = ("VLLM_API_KEY",)  # passed to docker by name only: the value never enters an argv
+
+# Flags the launcher derives itself; a recipe's copy of any of them is removed from its args.
+GENERATED_FLAGS = ("--served-model-name", "--host", "--port", "--trust-remote-code", "--tensor-parallel-size",
+                   "--distributed-executor-backend", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                   "--headless")
+BARE_FLAGS = {"--trust-remote-code", "--headless"}
+# Knobs that set one engine flag in the recipe's args: (flag, aliases, insert-after anchor).
+VALUE_KNOBS = {
+    "MAX_MODEL_LEN": ("--max-model-len", (), None),
+    "MAX_NUM_SEQS": ("--max-num-seqs", (), None),
+    "MAX_NUM_BATCHED_TOKENS": ("--max-num-batched-tokens", (), None),
+    "MOE_BACKEND": ("--moe-backend", (), None),
+    "GPU_MEM_UTIL": ("--gpu-memory-utilization", (), None),
+    # vLLM takes --kv-cache-memory as an abbreviation of --kv-cache-memory-bytes: one flag, two spellings.
+    "KV_CACHE_MEMORY": ("--kv-cache-memory", ("--kv-cache-memory-bytes",), "--kv-cache-dtype"),
+}
+# Generated flags whose value a plain recipe may set in its own args, as that knob's default.
+RECIPE_VALUE_DEFAULTS = {"--served-model-name": "SERVED_NAME", "--port": "API_PORT",
+                         "--master-addr": "MASTER_ADDR", "--master-port": "MASTER_PORT"}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    values: Mapping[str, str]
+    active: frozenset[str]  # declared by the recipe or set in the environment: these may edit args
+    from_env: frozenset[str]
+
+    def __getitem__(self, name: str) -> str:
+        return self.values[name]
+
+
+def resolve_knobs(recipe: Recipe, environ: Mapping[str, str]) -> Knobs:
+    values = dict(KNOB_DEFAULTS)
+    values["IMAGE"] = recipe.docker_image
+    if not recipe.knobs:  # plain shape: the recipe's own values stand in for the defaults
+        values["SERVED_NAME"] = recipe.model
+        values["MODEL_CACHE_NAME"] = "models--" + recipe.model.replace("/", "--")
+        for flag, knob in RECIPE_VALUE_DEFAULTS.items():
+            if flag in recipe.args:
+                i = recipe.args.index(flag)
+                if i + 1 < len(recipe.args):
+                    values[knob] = recipe.args[i + 1]
+        env = dict(recipe.env)
+        for knob in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+            if knob in env:
+                values[knob] = env[knob]
+    values.update(dict(recipe.knobs))
+    from_env = {k for k in KNOB_DEFAULTS if k in environ}
+    values.update({k: environ[k] for k in from_env})
+    return Knobs(values, frozenset(dict(recipe.knobs)) | frozenset(from_env), frozenset(from_env))
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    host: str
+    ssh: str | None  # None: run on this machine
+    docker_host: str | None
+    name: str
+    fabric_ip: str
+    nic: str
+    hca: str
+    hub: str  # host path of the HF hub mounted into the container
+    docker_run: tuple[str, ...]
+    secret_env: tuple[str, ...] = ()
+
+    @property
+    def headless(self) -> bool:
+        return self.rank != 0
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "host": self.host, "ssh": self.ssh, "docker_host": self.docker_host,
+                "name": self.name, "fabric_ip": self.fabric_ip, "nic": self.nic, "hca": self.hca, "hub": self.hub,
+                "docker_run": list(self.docker_run), "secret_env_by_name": list(self.secret_env)}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    recipe: Recipe
+    knobs: Knobs
+    profile: str
+    image: str
+    model_revision: str | None
+    drafter_revision: str | None
+    ranks: tuple[RankPlan, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def api_port(self) -> int:
+        return int(self.knobs["API_PORT"])
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe.name, "recipe_path": str(self.recipe.path), "status": self.recipe.status,
+            "blocked_reason": self.recipe.blocked_reason or None, "profile": self.profile, "image": self.image,
+            "model_revision": self.model_revision, "drafter_revision": self.drafter_revision,
+            "knobs": {k: self.knobs[k] for k in sorted(KNOB_DEFAULTS)}, "knobs_from_env": sorted(self.knobs.from_env),
+            "ranks": [r.to_json() for r in self.ranks], "notes": list(self.notes),
+        }
+
+
+def _strip_flag(args: list[str], flags: tuple[str, ...]) -> int | None:
+    """Remove every occurrence of the flags (with their value); return where the first one was."""
+    first = None
+    i = 0
+    while i < len(args):
+        if args[i] in flags:
+            takes_value = args[i] not in BARE_FLAGS and i + 1 < len(args) and not args[i + 1].startswith("--")
+            del args[i:i + (2 if takes_value else 1)]
+            first = i if first is None else first
+        else:
+            i += 1
+    return first
+
+
+def _after(args: list[str], anchor: str | None) -> int:
+    if anchor and anchor in args:
+        i = args.index(anchor)
+        return i + (2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1)
+    return len(args)
+
+
+def tail_args(recipe: Recipe, knobs: Knobs, drafter_path: str | None) -> list[str]:
+    """The recipe's args with generated flags removed and the active knobs applied in place."""
+    args = list(recipe.args)
+    _strip_flag(args, GENERATED_FLAGS + ("--load-format",) if "LOAD_FORMAT" in knobs.active else GENERATED_FLAGS)
+    for knob, (flag, aliases, anchor) in VALUE_KNOBS.items():
+        if knob not in knobs.active:
+            continue
+        at = _strip_flag(args, (flag,) + aliases)
+        value = knobs[knob]
+        if value == "":  # set but empty: drop the flag
+            continue
+        at = _after(args, anchor) if at is None else at
+        args[at:at] = [flag, value]
+    if "EAGER" in knobs.active:
+        at = _strip_flag(args, ("--enforce-eager",))
+        if knobs["EAGER"] == "1":
+            args.insert(_after(args, "--moe-backend") if at is None else at, "--enforce-eager")
+        elif knobs["EAGER"] not in ("0", ""):
+            raise SparkstackError(f"EAGER={knobs['EAGER']!r}: expected 0 or 1")
+    if "--speculative-config" in args:
+        i = args.index("--speculative-config")
+        args[i + 1] = speculative_config(args[i + 1], drafter_path, knobs)
+    return args
+
+
+def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SparkstackError(f"--speculative-config is not JSON ({exc}): {raw!r}") from None
+    if not isinstance(spec, dict):
+        raise SparkstackError(f"--speculative-config must be a JSON object: {raw!r}")
+    ordered = {"method": spec.pop("method", "dflash")}
+    if drafter_path is not None:
+        spec.pop("model", None)
+        ordered["model"] = drafter_path
+    elif "model" in spec:
+        ordered["model"] = spec.pop("model")
+    if "NUM_SPEC_TOKENS" in knobs.active:
+        try:
+            spec["num_speculative_tokens"] = int(knobs["NUM_SPEC_TOKENS"])
+        except ValueError:
+            raise SparkstackError(f"NUM_SPEC_TOKENS={knobs['NUM_SPEC_TOKENS']!r} is not a whole number") from None
+    ordered.update(spec)
+    return json.dumps(ordered, separators=(",", ":"))
+
+
+def read_revision(hub: Path, cache_name: str) -> str | None:
+    try:
+        rev = (hub / cache_name / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+    return rev or None
+
+
+def _hub_path(knobs: Knobs, remote: bool) -> str:
+    home = knobs["HF_HOME"]
+    if home.startswith("~") and remote:
+        return home.rstrip("/") + "/hub"  # expanded on the worker at apply time
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def _nodes(recipe: Recipe, knobs: Knobs) -> list[NodeSpec]:
+    if recipe.nodes:
+        return list(recipe.nodes)
+    nodes = [NodeSpec("head", None, knobs["MASTER_ADDR"], None, None, None)]
+    for i in range(1, recipe.required_nodes):
+        nodes.append(NodeSpec(f"worker{i}", "{WORKER_SSH}", FABRIC_IPS[i] if i < len(FABRIC_IPS) else None, None, None, None))
+    return nodes
+
+
+def _fill(value: str | None, knobs: Knobs, rank: int) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.format(rank=rank, **knobs.values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise SparkstackError(f"cannot fill {value!r}: unknown placeholder {exc}") from None
+
+
+def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production") -> LaunchPlan:
+    if profile not in ("production", "lab"):
+        raise SparkstackError(f"profile {profile!r}: expected production or lab")
+    knobs = resolve_knobs(recipe, environ)
+    notes = []
+    for port_knob in ("API_PORT", "MASTER_PORT"):
+        if not knobs[port_knob].isdigit() or not 0 < int(knobs[port_knob]) < 65536:
+            raise SparkstackError(f"{port_knob}={knobs[port_knob]!r} is not a port number")
+    local_hub = Path(_hub_path(knobs, remote=False))
+    model_cache = knobs["MODEL_CACHE_NAME"]
+    model_rev = read_revision(local_hub, model_cache)
+    model_path = f"{CONTAINER_HUB}/{model_cache}/snapshots/{model_rev or '<refs/main missing>'}"
+    drafter_path = drafter_rev = None
+    if recipe.drafter_cache_knob:
+        draft_cache = knobs[recipe.drafter_cache_knob]
+        drafter_rev = read_revision(local_hub, draft_cache)
+        drafter_path = f"{CONTAINER_HUB}/{draft_cache}/snapshots/{drafter_rev or '<refs/main missing>'}"
+    if model_rev is None:
+        notes.append(f"{local_hub / model_cache}/refs/main is missing: preflight will fail")
+    tail = tail_args(recipe, knobs, drafter_path)
+    nodes = _nodes(recipe, knobs)
+    nnodes = len(nodes)
+    ranks = []
+    for rank, node in enumerate(nodes):
+        ssh = _fill(node.ssh, knobs, rank) if rank else None
+        fabric_ip = _fill(node.fabric_ip, knobs, rank) or knobs["MASTER_ADDR"]
+        nic, hca = _fill(node.nic, knobs, rank) or knobs["CX_NIC"], _fill(node.hca, knobs, rank) or knobs["CX_HCA"]
+        name = knobs["NAME"].replace("{rank}", str(rank))
+        hub = _hub_path(knobs, remote=ssh is not None)
+        secret = tuple(k for k in SECRET_ENV if k in environ) if rank == 0 else ()
+        argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
+        ranks.append(RankPlan(rank, node.host, ssh, _fill(node.docker_host, knobs, rank), name, fabric_ip, nic, hca,
+                              hub, tuple(argv), secret))
+    return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], model_rev, drafter_rev, tuple(ranks), tuple(notes))
+
+
+def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,
+               hca: str, model_path: str, tail: list[str], profile: str, secret_env: tuple[str, ...]) -> list[str]:
+    options = ["-d", "--name", name, "--restart", "no", "--gpus", "all", "--network", "host", "--ipc", "host",
+               "--shm-size", recipe.shm_size, "--ulimit", "memlock=-1:-1", "--cap-add", "IPC_LOCK",
+               "--device", "/dev/infiniband:/dev/infiniband", "-v", f"{hub}:{CONTAINER_HUB}:ro"]
+    if profile == "lab":  # the lab has no GPU, no CAP_SYS_RESOURCE and no /dev/infiniband
+        for flag, value in LAB_DROPS:
+            i = options.index(flag)
+            assert options[i + 1] == value
+            del options[i:i + 2]
+    # Deliberate addition: labels that let `status` and `stop` find what sparkstack started.
+    options += ["--label", f"org.sparkstack.recipe={recipe.name}", "--label", f"org.sparkstack.rank={rank}"]
+    env: dict[str, str] = {"VLLM_HOST_IP": fabric_ip}
+    recipe_env = dict(recipe.env)
+    for knob in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"):
+        if knob in knobs.active:
+            env[knob] = knobs[knob]
+            recipe_env.pop(knob, None)
+    env.update(recipe_env)
+    env.update(nccl_env(nic, hca))
+    for k, v in env.items():
+        options += ["-e", f"{k}={v}"]
+    for k in secret_env:
+        options += ["-e", k]
+    engine = [model_path, "--served-model-name", knobs["SERVED_NAME"], "--host", "0.0.0.0", "--port", knobs["API_PORT"],
+              "--trust-remote-code", "--tensor-parallel-size", str(recipe.tensor_parallel_size)]
+    if "LOAD_FORMAT" in knobs.active and knobs["LOAD_FORMAT"]:
+        engine += ["--load-format", knobs["LOAD_FORMAT"]]
+    engine += ["--distributed-executor-backend", recipe.distributed_backend, "--nnodes", str(nnodes),
+               "--node-rank", str(rank), "--master-addr", knobs["MASTER_ADDR"], "--master-port", knobs["MASTER_PORT"]]
+    if rank != 0:
+        engine.append("--headless")
+    return ["docker", "run", *options, knobs["IMAGE"], *engine, *tail]
+
+
+def nccl_env(nic: str, hca: str) -> dict[str, str]:
+    """NCCL and gloo pinned to the fabric port, as the tuned deployment runs them."""
+    return {
+        "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": hca, "NCCL_IB_GID_INDEX": "3",
+        "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_SOCKET_IFNAME": nic, "GLOO_SOCKET_IFNAME": nic,
+        "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ADDR_RANGE": "10.0.0.0/24", "NCCL_NVLS_ENABLE": "0",
+        "NCCL_CROSS_NIC": "0", "NCCL_IB_MERGE_NICS": "0", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1",
+        "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_IB_TIMEOUT": "22",
+    }

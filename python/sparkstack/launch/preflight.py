@@ -1,0 +1,327 @@
+"""Preflight: every check that can be made before a container starts. One line each: pass, fail or warn.
+
+Host facts are read below a root prefix (`--host-root`), so tests can supply a
+fake /sys and /proc. Checks that need docker on a rank run only when a runner is
+given for it (apply, or `--probe`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack.errors import SparkstackError
+from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.recipe.kv import plan_kv
+from sparkstack.remote import Runner, first_line
+
+GIB = 1 << 30
+CHAT_TEMPLATE = "chat_template_mm.jinja"
+# Runtime gates when the image carries none in its labels (FACTS.md §2).
+DEFAULT_GATES = (
+    ("python3", "-c", "from vllm.model_executor.models.registry import ModelRegistry; "
+                      "assert 'DFlash2DraftModel' in ModelRegistry.get_supported_archs()"),
+    ("python3", "-c", "import vllm.model_executor.models.qwen3_dflash2"),
+    ("python3", "-c", "import vllm.v1.worker.gpu.spec_decode.dflash2.speculator"),
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass | fail | warn | skip
+    detail: str
+    rank: int | None = None
+
+    def line(self) -> str:
+        where = f"[rank {self.rank}] " if self.rank is not None else ""
+        return f"{self.status:<4}  {where}{self.name}: {self.detail}"
+
+    def to_json(self) -> dict:
+        return {"check": self.name, "status": self.status, "detail": self.detail, "rank": self.rank}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_free_mem_gib: float = 100.0
+    min_free_disk_gib: float = 5.0
+
+
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel.lstrip("/")).read_text()
+    except OSError:
+        return None
+
+
+def check_nic(root: Path, nic: str, rank: int) -> Check:
+    state = _read(root, f"sys/class/net/{nic}/operstate")
+    if state is None:
+        have = sorted(p.name for p in (root / "sys/class/net").glob("*")) if (root / "sys/class/net").is_dir() else []
+        return Check("nic", "fail", f"{nic} does not exist (have: {', '.join(have) or 'none'})", rank)
+    state = state.strip()
+    # operstate, not `ip link | grep UP`: a down link can still carry the UP flag.
+    if state != "up":
+        return Check("nic", "fail", f"{nic} operstate is {state!r}, not 'up'", rank)
+    return Check("nic", "pass", f"{nic} is up", rank)
+
+
+def check_hca(root: Path, hca: str, nic: str, rank: int) -> Check:
+    base = root / "sys/class/infiniband"
+    if not (base / hca).exists():
+        have = sorted(p.name for p in base.glob("*")) if base.is_dir() else []
+        return Check("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(have) or 'none'})", rank)
+    nets = sorted(p.name for p in (base / hca / "device/net").glob("*"))
+    if nic not in nets:
+        return Check("hca", "fail", f"{hca} maps to {', '.join(nets) or 'no netdev'}, not {nic}", rank)
+    return Check("hca", "pass", f"{hca} <-> {nic}", rank)
+
+
+def _local_ips(root: Path) -> set[str]:
+    """Addresses this host owns, from /proc/net/fib_trie (the `/32 host LOCAL` leaves)."""
+    text = _read(root, "proc/net/fib_trie") or ""
+    ips, last = set(), None
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] in (["|--"], ["+--"]) and len(words) > 1:
+            last = words[1]
+        elif "/32 host LOCAL" in line and last:
+            ips.add(last)
+    return ips
+
+
+def _routes_via(root: Path, nic: str) -> list[tuple[int, int]]:
+    """(network, mask) pairs routed through `nic`, from /proc/net/route."""
+    out = []
+    for line in (_read(root, "proc/net/route") or "").splitlines()[1:]:
+        f = line.split()
+        if len(f) >= 8 and f[0] == nic:
+            out.append((struct.unpack("<I", bytes.fromhex(f[1]))[0], struct.unpack("<I", bytes.fromhex(f[7]))[0]))
+    return out
+
+
+def check_fabric_ip(root: Path, ip: str, nic: str, rank: int) -> Check:
+    if ip not in _local_ips(root):
+        return Check("fabric-ip", "fail", f"{ip} is not an address of this host", rank)
+    addr = struct.unpack("<I", socket.inet_aton(ip))[0]
+    if not any(addr & mask == net for net, mask in _routes_via(root, nic)):
+        return Check("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}", rank)
+    return Check("fabric-ip", "pass", f"{ip} on {nic}", rank)
+
+
+def listening_ports(root: Path) -> set[int]:
+    ports = set()
+    for name in ("proc/net/tcp", "proc/net/tcp6"):
+        for line in (_read(root, name) or "").splitlines()[1:]:
+            f = line.split()
+            if len(f) > 3 and f[3] == "0A":  # LISTEN
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def check_ports(root: Path, ports: dict[str, int], rank: int) -> Check:
+    busy = listening_ports(root)
+    taken = [f"{name} {port}" for name, port in ports.items() if port in busy]
+    if taken:
+        return Check("ports", "fail", f"already listening: {', '.join(taken)}", rank)
+    return Check("ports", "pass", ", ".join(f"{n} {p} free" for n, p in ports.items()), rank)
+
+
+def check_memory(root: Path, t: Thresholds, rank: int) -> Check:
+    text = _read(root, "proc/meminfo") or ""
+    avail = next((int(l.split()[1]) * 1024 for l in text.splitlines() if l.startswith("MemAvailable:")), None)
+    if avail is None:
+        return Check("memory", "warn", "cannot read MemAvailable", rank)
+    if avail < t.min_free_mem_gib * GIB:
+        return Check("memory", "fail", f"{avail / GIB:.1f} GiB available, need {t.min_free_mem_gib:.0f} GiB "
+                                       "(drop caches with --drop-caches, stop other containers)", rank)
+    return Check("memory", "pass", f"{avail / GIB:.1f} GiB available", rank)
+
+
+def check_swappiness(root: Path, rank: int) -> Check:
+    value = (_read(root, "proc/sys/vm/swappiness") or "").strip()
+    if value != "0":
+        return Check("swappiness", "fail", f"vm.swappiness is {value or 'unreadable'}; set 0 (sysctl vm.swappiness=0, "
+                                           "it does not survive a reboot)", rank)
+    return Check("swappiness", "pass", "vm.swappiness = 0", rank)
+
+
+def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < t.min_free_disk_gib * GIB:
+        return Check("disk", "warn", f"{free / GIB:.1f} GiB free under {probe}", rank)
+    return Check("disk", "pass", f"{free / GIB:.1f} GiB free under {probe}", rank)
+
+
+def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool) -> list[Check]:
+    """The snapshot exists and every shard the index names is there, at the size its header implies."""
+    from sparkstack.strip.header import read_header
+
+    if revision is None:
+        return [Check(f"{label}-snapshot", "fail", f"{hub / cache_name}/refs/main is missing")]
+    snap = hub / cache_name / "snapshots" / revision
+    if not snap.is_dir():
+        return [Check(f"{label}-snapshot", "fail", f"{snap} does not exist")]
+    index = snap / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError):
+            return [Check(f"{label}-snapshot", "fail", f"{index} is not a valid index")]
+    else:
+        shards = sorted(p.name for p in snap.glob("*.safetensors"))
+    if not shards:
+        return [Check(f"{label}-snapshot", "fail", f"{snap} has no safetensors shards")]
+    for shard in shards:
+        path = snap / shard
+        if not path.exists():
+            return [Check(f"{label}-snapshot", "fail", f"{shard} is named in the index but missing (an unfinished download?)")]
+        try:
+            read_header(path)  # also proves the file is exactly as long as its header says
+        except SparkstackError as exc:
+            return [Check(f"{label}-snapshot", "fail", str(exc))]
+    checks = [Check(f"{label}-snapshot", "pass", f"{len(shards)} shards complete at {revision[:12]}")]
+    if want_template:
+        ok = (snap / CHAT_TEMPLATE).exists()
+        checks.append(Check("chat-template", "pass" if ok else "warn",
+                            f"{CHAT_TEMPLATE} present" if ok else f"{CHAT_TEMPLATE} missing: image requests will return 500"))
+        checks.append(_modelopt_check(snap))
+    return checks
+
+
+def _modelopt_check(snap: Path) -> Check:
+    try:
+        config = json.loads((snap / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    quant = (config.get("quantization_config") or {}).get("quant_method", "")
+    if quant == "modelopt" or (snap / "hf_quant_config.json").exists():
+        return Check("quantization", "warn", "ModelOpt NVFP4 checkpoint: may emit corrupted token ids (vLLM #54150); "
+                                             "the compressed-tensors build avoids it at ~25% lower step rate")
+    return Check("quantization", "pass", quant or "not ModelOpt")
+
+
+def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds) -> list[Check]:
+    head = plan.ranks[0]
+    checks = []
+    if plan.recipe.blocked:
+        checks.append(Check("recipe", "warn" if force else "fail",
+                            f"recipe {plan.recipe.name} is blocked: {plan.recipe.blocked_reason}" + (" (--force)" if force else "")))
+    else:
+        checks.append(Check("recipe", "pass", f"{plan.recipe.name} is ok"))
+    checks += [
+        check_nic(host_root, head.nic, 0),
+        check_hca(host_root, head.hca, head.nic, 0),
+        check_fabric_ip(host_root, head.fabric_ip, head.nic, 0),
+        check_ports(host_root, {"API port": plan.api_port, "master port": int(plan.knobs["MASTER_PORT"])}, 0),
+        check_memory(host_root, t, 0),
+        check_swappiness(host_root, 0),
+        check_disk(Path(head.hub), t, 0),
+    ]
+    hub = Path(head.hub)
+    checks += check_snapshot(hub, plan.knobs["MODEL_CACHE_NAME"], plan.model_revision, "model", want_template=True)
+    if plan.recipe.drafter_cache_knob:
+        checks += check_snapshot(hub, plan.knobs[plan.recipe.drafter_cache_knob], plan.drafter_revision, "drafter", False)
+    checks.append(kv_check(plan))
+    if "VLLM_API_KEY" not in environ:
+        checks.append(Check("api-key", "warn", "the API binds 0.0.0.0 with no VLLM_API_KEY set: anyone on the network can use it"))
+    else:
+        checks.append(Check("api-key", "pass", "VLLM_API_KEY is passed to the container by name"))
+    return checks
+
+
+def kv_check(plan: LaunchPlan) -> Check:
+    args = list(plan.ranks[0].docker_run)
+    block = int(args[args.index("--block-size") + 1]) if "--block-size" in args else 16
+    kv_bytes = None
+    for flag in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
+        if flag in args:
+            kv_bytes = int(args[args.index(flag) + 1])
+    kv = plan_kv(plan.recipe.kv, kv_bytes, int(plan.knobs["MAX_MODEL_LEN"]), block)
+    if kv.page_unification.ok is False:
+        return Check("kv-plan", "fail", f"KV pages do not unify: {kv.page_unification.reason}")
+    if kv.tokens is None:
+        return Check("kv-plan", "warn", "no KV pin or no measured per-token cost: the pool size is up to the profiler")
+    if kv.coverage < 1:
+        return Check("kv-plan", "warn", f"{kv.tokens:,} tokens cover {kv.coverage:.2f}x of max-model-len")
+    return Check("kv-plan", "pass", f"{kv.tokens:,} tokens = {kv.coverage:.2f}x max-model-len")
+
+
+def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> list[Check]:
+    """Per-rank checks that need docker: the image (same config digest everywhere), stale containers, gates."""
+    checks, digests = [], {}
+    for rank in plan.ranks:
+        r = runners[rank.rank]
+        proc = r.run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
+        if proc.returncode != 0:
+            checks.append(Check("image", "fail", f"{plan.image} is not present on {r.label}: {first_line(proc)}", rank.rank))
+        else:
+            digests[rank.rank] = proc.stdout.strip()
+            checks.append(Check("image", "pass", f"{plan.image} = {digests[rank.rank][:19]}", rank.rank))
+        proc = r.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", "{{.Names}} {{.State}}", timeout=30)
+        if proc.returncode == 0 and proc.stdout.strip():
+            checks.append(Check("stale-container", "fail", f"a container already holds the name {rank.name} "
+                                                         f"({proc.stdout.strip()}); run `sparkstack launch stop`", rank.rank))
+        elif proc.returncode == 0:
+            checks.append(Check("stale-container", "pass", f"no container named {rank.name}", rank.rank))
+    if len(set(digests.values())) > 1:
+        detail = ", ".join(f"rank {k}: {v[:19]}" for k, v in sorted(digests.items()))
+        checks.append(Check("image-identity", "fail", f"ranks run different images ({detail}); ship one image to all"))
+    elif len(digests) == len(plan.ranks):
+        checks.append(Check("image-identity", "pass", f"every rank has {next(iter(digests.values()))[:19]}"))
+    if gates and 0 in digests:
+        checks += gate_checks(plan, runners[0])
+    return checks
+
+
+def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
+    proc = runner.run_docker("image", "inspect", "--format", '{{index .Config.Labels "org.sparkstack.gates.runtime"}}',
+                             plan.image, timeout=30)
+    try:
+        gates = [tuple(g) for g in json.loads(proc.stdout)] if proc.returncode == 0 and proc.stdout.strip() else list(DEFAULT_GATES)
+    except ValueError:
+        gates = list(DEFAULT_GATES)
+    out = []
+    for gate in gates:
+        ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", gate[0], plan.image, *gate[1:], timeout=300)
+        label = gate[-1][:60]
+        out.append(Check("gate", "pass" if ran.returncode == 0 else "fail",
+                         label if ran.returncode == 0 else f"{label}: {first_line(ran)}", 0))
+    return out
+
+
+def drop_caches(host_root: Path) -> Check:
+    try:
+        os.sync()
+        (host_root / "proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        return Check("drop-caches", "fail", f"cannot drop caches: {exc.strerror or exc}")
+    return Check("drop-caches", "pass", "page cache dropped")
+
+
+def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] | None, force: bool, gates: bool,
+                  environ: dict, thresholds: Thresholds = Thresholds(),
+                  drop: bool = False, on_check: Callable[[Check], None] | None = None) -> list[Check]:
+    checks = [drop_caches(host_root)] if drop else []
+    checks += local_checks(plan, host_root, force, environ, thresholds)
+    if runners is not None:
+        checks += docker_checks(plan, runners, gates)
+    else:
+        checks.append(Check("image", "skip", "docker checks need --probe (or run without --dry-run)"))
+    if on_check:
+        for c in checks:
+            on_check(c)
+    return checks
+
+
+def runner_for(rank: RankPlan, ssh_config: Path | None) -> Runner:
+    return Runner(ssh=rank.ssh, ssh_config=ssh_config, docker_host=rank.docker_host)

@@ -1,0 +1,80 @@
+"""The KV planner: tokens a KV pin buys, how much of max-model-len it covers, and whether pages unify."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkstack.recipe import KvGeometry
+
+DRAFTER_FIT_MULTIPLE = 64  # the drafter-group patch needs a fit block that is a multiple of 64
+
+
+@dataclass(frozen=True)
+class PageCheck:
+    ok: bool | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    kv_bytes: int | None
+    per_token_bytes: float | None
+    tokens: int | None
+    max_model_len: int
+    coverage: float | None
+    page_unification: PageCheck
+
+    def to_json(self) -> dict:
+        return {
+            "kv_bytes": self.kv_bytes, "per_token_bytes": self.per_token_bytes, "tokens": self.tokens,
+            "max_model_len": self.max_model_len, "coverage": self.coverage,
+            "page_unification": {"ok": self.page_unification.ok, "reason": self.page_unification.reason},
+        }
+
+
+def per_token_bytes(kv: KvGeometry) -> float | None:
+    """The measured cost of one token of KV across the whole pool (all layers, both ranks' minimum)."""
+    if kv.measured_bytes and kv.measured_tokens:
+        return kv.measured_bytes / kv.measured_tokens
+    return None
+
+
+def page_unification(kv: KvGeometry, block_size: int) -> PageCheck:
+    """Can vLLM give every KV group one page size? It scales block sizes by integers, so it needs
+    every per-token page to divide the largest one. The drafter-group patch takes the drafter out
+    of that unification: it rides the MLA page on an exact fit, or gets standalone tensors."""
+    mla, indexer, drafter = kv.mla_page_bytes_per_token, kv.indexer_page_bytes_per_token, kv.drafter_page_bytes_per_token
+    if mla is None or drafter is None:
+        return PageCheck(None, "geometry unknown")
+    if kv.drafter_group_patch:
+        base = [p for p in (mla, indexer) if p]
+        largest = max(base)
+        bad = [p for p in base if largest % p]
+        if bad:
+            return PageCheck(False, f"MLA/indexer pages do not unify: {largest} % {bad[0]} != 0")
+        mla_page = mla * block_size
+        fit, rem = divmod(mla_page, drafter)
+        if rem == 0 and fit % DRAFTER_FIT_MULTIPLE == 0:
+            return PageCheck(True, f"drafter-group patch: the drafter rides the MLA page ({mla_page} B = {fit} x {drafter} B/token)")
+        return PageCheck(True, f"drafter-group patch: the drafter gets standalone KV tensors "
+                               f"(MLA page {mla_page} B / {drafter} B per token is not an exact multiple-of-{DRAFTER_FIT_MULTIPLE} fit)")
+    failures = []
+    for label, d in (("bf16", drafter), ("fp8", kv.drafter_page_bytes_per_token_fp8)):
+        if not d:
+            continue
+        pages = [p for p in (mla, indexer, d) if p]
+        largest = max(pages)
+        failures += [f"drafter {label} {d} B: {largest} % {p} = {largest % p}" for p in pages if largest % p]
+    if failures:
+        return PageCheck(False, "per-token page sizes do not divide the largest (" + "; ".join(failures) + "): vLLM "
+                                "fails with 'page size is not divisible by the maximum page size and cannot be padded'")
+    return PageCheck(True, "every page divides the largest")
+
+
+def plan_kv(kv: KvGeometry, kv_bytes: int | None, max_model_len: int, block_size: int) -> KvPlan:
+    cost = per_token_bytes(kv)
+    # Integer arithmetic, so the measured point maps back to exactly its token count.
+    tokens = kv_bytes * kv.measured_tokens // kv.measured_bytes if (cost and kv_bytes) else None
+    coverage = round(tokens / max_model_len, 3) if tokens is not None and max_model_len else None
+    return KvPlan(kv_bytes, round(cost, 2) if cost else None, tokens, max_model_len, coverage,
+                  page_unification(kv, block_size))
