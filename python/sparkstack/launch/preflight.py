@@ -102,7 +102,8 @@ def _routes_via(root: Path, nic: str) -> list[tuple[int, int]]:
     for line in (_read(root, "proc/net/route") or "").splitlines()[1:]:
         f = line.split()
         if len(f) >= 8 and f[0] == nic:
-            out.append((struct.unpack("<I", bytes.fromhex(f[1]))[0], struct.unpack("<I", bytes.fromhex(f[7]))[0]))
+            # The kernel prints the network-order u32 as host-order hex; inet_aton + "<I" matches it on x86/arm64.
+            out.append((int(f[1], 16), int(f[7], 16)))
     return out
 
 

@@ -1,0 +1,72 @@
+"""The bad-recipe corpus: one clear line naming the problem, exit 1, no container started."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+BASE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
+
+CASES = {
+    "unknown key": (lambda t: t.replace('engine = "vllm"', 'engine = "vllm"\ncolour = "blue"'), "unknown key 'colour'"),
+    "unknown node key": (lambda t: t.replace('host = "spark-head"', 'host = "spark-head"\nport = 22'), "unknown key 'port'"),
+    "wrong type": (lambda t: t.replace("required_nodes = 2", 'required_nodes = "two"'), "required_nodes must be int"),
+    "bool is not an int": (lambda t: t.replace("tensor_parallel_size = 2", "tensor_parallel_size = true"), "must be int"),
+    "args not strings": (lambda t: t.replace('"--max-num-seqs", "6"', '"--max-num-seqs", 6'), "args must be strings"),
+    "missing node": (lambda t: t.replace("required_nodes = 2", "required_nodes = 3"), "3 but 2 [[nodes]]"),
+    "quoted arg holding several words": (
+        lambda t: t.replace('"--reasoning-parser", "glm45"', '"--reasoning-parser", "\'glm45\' \'--evil\'"'), "several shell words"),
+    "unknown knob": (lambda t: t.replace('[knobs]', '[knobs]\nGPU_COUNT = "2"'), "unknown knob 'GPU_COUNT'"),
+    "blocked without reason": (lambda t: t.replace('status = "ok"', 'status = "blocked"'), "needs blocked_reason"),
+    "bad status": (lambda t: t.replace('status = "ok"', 'status = "maybe"'), "status must be"),
+    "not toml": (lambda t: t + "\n[[[", "not valid TOML"),
+    "bad speculative config": (lambda t: t.replace('{"method":"dflash","num_speculative_tokens":4}', '{method: dflash}'), "not JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_recipe(tmp_path, run_cli, case):
+    edit, expect = CASES[case]
+    path = tmp_path / "recipe.toml"
+    path.write_text(edit(BASE.read_text()))
+    for target in ("all", "0"):
+        proc = run_cli("launch", target, "--recipe", path, "--dry-run", "--json")
+        assert proc.returncode == 1, proc.stdout
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sparkstack: error: "), proc.stderr
+        assert expect in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_knob_values(tmp_path, run_cli):
+    for env, expect in (({"API_PORT": "88a8"}, "not a port"), ({"EAGER": "yes"}, "expected 0 or 1"),
+                        ({"NUM_SPEC_TOKENS": "four"}, "not a whole number")):
+        proc = run_cli("launch", "all", "--dry-run", "--json", env=env)
+        assert proc.returncode == 1 and expect in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_cli):
+    nasty = "x; touch /tmp/pwned-$(id -u) | cat `uname` && echo '\"$HOME\""
+    path = tmp_path / "recipe.toml"
+    text = BASE.read_text().replace('"--reasoning-parser", "glm45"', f'"--reasoning-parser", {json.dumps(nasty)}')
+    path.write_text(text)
+    doc = json.loads(run_cli("launch", "1", "--recipe", path, "--dry-run", "--json",
+                             env={"SERVED_NAME": "a b;c$(d)", "WORKER_SSH": "me@host; rm -rf /"}, check=0).stdout)
+    argv = doc["docker_run"]
+    assert argv[argv.index("--reasoning-parser") + 1] == nasty
+    assert argv[argv.index("--served-model-name") + 1] == "a b;c$(d)"
+    # Over ssh, the one command string is shlex.join of the argv: it splits back to exactly these elements.
+    import shlex
+
+    from sparkstack.remote import Runner
+    wire = Runner(ssh=doc["ssh"]).argv(argv)
+    assert wire[-3] == "me@host; rm -rf /" and wire[-2] == "--"
+    assert shlex.split(wire[-1]) == argv
+
+
+def test_unknown_target_is_a_usage_error(run_cli):
+    assert run_cli("launch", "seven", "--dry-run").returncode == 2
+    assert run_cli("launch", "5", "--dry-run").returncode == 2
+
+
+def test_missing_recipe(run_cli):
+    proc = run_cli("launch", "all", "--recipe", "no-such-recipe", "--dry-run")
+    assert proc.returncode == 1 and "no recipe 'no-such-recipe'" in proc.stderr

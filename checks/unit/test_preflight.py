@@ -1,0 +1,164 @@
+"""Preflight against fake host roots: each fact that can be wrong is made wrong, once."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import synth
+
+NIC, HCA = "enp1s0f1np1", "rocep1s0f1"
+MODEL_CACHE, DRAFT_CACHE = "models--LibertAIDAI--GLM-5.3-Flash-NVFP4-no-MTP", "models--incoai--GLM-5.3-Flash-DFlash2"
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     +-- 10.0.0.0/24 2 0 2
+        |-- 10.0.0.1
+           /32 host LOCAL
+  +-- 127.0.0.0/8 2 0 2
+        |-- 127.0.0.1
+           /32 host LOCAL
+"""
+ROUTE = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+         f"{NIC}\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+
+def write_host(root: Path) -> Path:
+    """A healthy Spark head, as far as /sys and /proc tell."""
+    (root / f"sys/class/net/{NIC}").mkdir(parents=True)
+    (root / f"sys/class/net/{NIC}/operstate").write_text("up\n")
+    (root / f"sys/class/infiniband/{HCA}/device/net/{NIC}").mkdir(parents=True)
+    (root / "proc/net").mkdir(parents=True)
+    (root / "proc/net/fib_trie").write_text(FIB_TRIE)
+    (root / "proc/net/route").write_text(ROUTE)
+    (root / "proc/net/tcp").write_text(TCP_HEADER)
+    (root / "proc/meminfo").write_text("MemTotal:       127000000 kB\nMemAvailable:   120000000 kB\n")
+    (root / "proc/sys/vm").mkdir(parents=True)
+    (root / "proc/sys/vm/swappiness").write_text("0\n")
+    return root
+
+
+def write_hub(home: Path) -> Path:
+    flat = home / "flat"
+    synth.write_model_dir(flat)
+    synth.cache_from_dir(flat, home / "hub", repo_id="LibertAIDAI/GLM-5.3-Flash-NVFP4-no-MTP")
+    dflat = home / "dflat"
+    synth.write_model_dir(dflat, index=False, shards={"model.safetensors": synth.DEFAULT_SHARDS["model-00001-of-00003.safetensors"]})
+    synth.cache_from_dir(dflat, home / "hub", repo_id="incoai/GLM-5.3-Flash-DFlash2")
+    shutil.rmtree(flat)
+    shutil.rmtree(dflat)
+    return home
+
+
+@pytest.fixture
+def world(tmp_path):
+    return write_host(tmp_path / "root"), write_hub(tmp_path / "hf")
+
+
+def preflight(run_cli, world, *extra, env=None):
+    root, home = world
+    proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, *extra,
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **(env or {})}, check=0)
+    return {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
+
+
+def test_healthy_host_passes_everything(run_cli, world):
+    checks = preflight(run_cli, world)
+    statuses = {name: c["status"] for name, c in checks.items()}
+    assert statuses == {"recipe": "pass", "nic": "pass", "hca": "pass", "fabric-ip": "pass", "ports": "pass",
+                        "memory": "pass", "swappiness": "pass", "disk": "pass", "model-snapshot": "pass",
+                        "chat-template": "pass", "quantization": "pass", "drafter-snapshot": "pass", "kv-plan": "pass",
+                        "api-key": "pass", "image": "skip"}
+
+
+def _down(root, home):
+    # `ip -br link | grep UP` passes a link whose flags still say UP; operstate tells the truth.
+    (root / f"sys/class/net/{NIC}/operstate").write_text("down\n")
+    (root / f"sys/class/net/{NIC}/flags").write_text("0x1003\n")
+
+
+def _listen(port):
+    def make(root, home):
+        (root / "proc/net/tcp").write_text(TCP_HEADER + f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n")
+    return make
+
+
+def _drop_shard(root, home):
+    snap = next((home / "hub" / MODEL_CACHE / "snapshots").iterdir())
+    (snap / "model-00002-of-00003.safetensors").unlink()
+
+
+def _truncate_shard(root, home):
+    snap = next((home / "hub" / MODEL_CACHE / "snapshots").iterdir())
+    blob = (snap / "model-00002-of-00003.safetensors").resolve()
+    blob.write_bytes(blob.read_bytes()[:-4])
+
+
+def _no_template(root, home):
+    snap = next((home / "hub" / MODEL_CACHE / "snapshots").iterdir())
+    (snap / "chat_template_mm.jinja").unlink()
+
+
+def _modelopt(root, home):
+    snap = next((home / "hub" / MODEL_CACHE / "snapshots").iterdir())
+    cfg = json.loads((snap / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    target = snap / "config.json"
+    target.unlink()
+    target.write_text(json.dumps(cfg))
+
+
+BROKEN = {
+    "nic missing": (lambda r, h: shutil.rmtree(r / f"sys/class/net/{NIC}"), "nic", "fail", "does not exist"),
+    "nic down with UP flag": (_down, "nic", "fail", "'down'"),
+    "hca on another netdev": (lambda r, h: (r / f"sys/class/infiniband/{HCA}/device/net/{NIC}").rename(
+        r / f"sys/class/infiniband/{HCA}/device/net/enp1s0f0np0"), "hca", "fail", "enp1s0f0np0"),
+    "no rdma device": (lambda r, h: shutil.rmtree(r / "sys/class/infiniband"), "hca", "fail", "does not exist"),
+    "fabric ip missing": (lambda r, h: (r / "proc/net/fib_trie").write_text(FIB_TRIE.replace("10.0.0.1", "10.0.0.7")),
+                          "fabric-ip", "fail", "not an address"),
+    "fabric subnet on another nic": (lambda r, h: (r / "proc/net/route").write_text(ROUTE.replace(NIC, "eth0")),
+                                     "fabric-ip", "fail", "not on"),
+    "api port busy": (_listen(8888), "ports", "fail", "API port 8888"),
+    "master port busy": (_listen(29521), "ports", "fail", "master port 29521"),
+    "low memory": (lambda r, h: (r / "proc/meminfo").write_text("MemAvailable:   20000000 kB\n"), "memory", "fail", "need"),
+    "swappiness": (lambda r, h: (r / "proc/sys/vm/swappiness").write_text("60\n"), "swappiness", "fail", "is 60"),
+    "shard missing": (_drop_shard, "model-snapshot", "fail", "missing"),
+    "shard truncated": (_truncate_shard, "model-snapshot", "fail", "past the"),
+    "no chat template": (_no_template, "chat-template", "warn", "500"),
+    "modelopt checkpoint": (_modelopt, "quantization", "warn", "54150"),
+    "no refs": (lambda r, h: (h / "hub" / DRAFT_CACHE / "refs/main").unlink(), "drafter-snapshot", "fail", "refs/main"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_each_broken_fact_is_caught(run_cli, world, case):
+    breaker, name, status, detail = BROKEN[case]
+    breaker(*world)
+    checks = preflight(run_cli, world)
+    assert checks[name]["status"] == status, checks[name]
+    assert detail in checks[name]["detail"]
+    others = [c for n, c in checks.items() if n != name and c["status"] == "fail"]
+    assert not others, others  # exactly the broken fact fails
+
+
+def test_api_key_warning(run_cli, world):
+    root, home = world
+    proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, env={"HF_HOME": str(home)}, check=0)
+    checks = {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
+    assert checks["api-key"]["status"] == "warn" and "0.0.0.0" in checks["api-key"]["detail"]
+
+
+def test_kv_plan_that_cannot_cover_a_request_warns(run_cli, world):
+    checks = preflight(run_cli, world, env={"KV_CACHE_MEMORY": str(2 * 2**30)})
+    tokens = 2 * 2**30 * 989727 // 10247694336  # the measured cost, applied by hand
+    assert checks["kv-plan"]["status"] == "warn" and f"{tokens:,} tokens cover 0.40x" in checks["kv-plan"]["detail"]
+
+
+def test_launch_refuses_before_any_container_on_a_failed_check(run_cli, world):
+    root, home = world
+    (root / "proc/sys/vm/swappiness").write_text("30\n")
+    proc = run_cli("launch", "all", "--host-root", root, "--worker-delay", "0", env={"HF_HOME": str(home), "PATH": "/nonexistent"})
+    assert proc.returncode == 1
+    assert "preflight failed" in proc.stderr and "swappiness" in proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1
