@@ -4,6 +4,7 @@ It takes the engine's argv as vLLM would, and:
 - records its argv and environment as JSON to $STANDIN_RECORD (default /tmp/standin-record.json);
 - prints log lines like the engine's, including the boot lines launch looks for;
 - serves /health after $STANDIN_HEALTH_DELAY seconds, or never ("never"), or dies instead ("die");
+- as a headless rank, dies after $STANDIN_HEADLESS_DIE_AFTER seconds when that is set;
 - serves /metrics with vLLM's spec-decode counter names, and /v1/chat/completions (streaming too).
 Only the Python standard library is used: it runs on any base with python3.
 """
@@ -147,6 +148,11 @@ def main():
     HEALTH_DELAY = None if mode == "never" else float(mode)
     if "--headless" in sys.argv:
         log("headless rank: no API server")
+        die_after = os.environ.get("STANDIN_HEADLESS_DIE_AFTER")
+        if die_after:
+            time.sleep(float(die_after))
+            log("RuntimeError: stand-in worker lost its peer and exits")
+            sys.exit(4)
         while True:
             time.sleep(3600)
     port = int(arg("--port", "8000"))

@@ -1,0 +1,145 @@
+"""launch in the two-host lab: worker first, then head, readiness, stop (also with the fabric down), failures."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hostfix import write_host, write_hub
+from lab import FABRIC_IF
+
+RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
+
+
+@pytest.fixture(scope="module")
+def launch_world(lab_with_image, tmp_path_factory):
+    lab, image = lab_with_image
+    work = tmp_path_factory.mktemp("launch")
+    root = write_host(work / "hostroot")  # the lab has no RDMA device: preflight reads a prepared host root
+    home = write_hub(work / "hf")
+    return lab, image, work, root, home
+
+
+def lab_recipe(lab, work: Path, extra_env: dict[str, str]) -> Path:
+    """The tuned recipe, with the lab's two hosts and the stand-in engine's settings."""
+    text = RECIPE.read_text()
+    start = text.index("[[nodes]]")
+    end = text.index("# KV geometry")
+    nodes = (f'[[nodes]]\nhost = "head"\nfabric_ip = "10.0.0.1"\ndocker_host = "{lab.head.dockerd.host}"\n\n'
+             f'[[nodes]]\nhost = "worker"\nssh = "worker"\nfabric_ip = "10.0.0.2"\ndocker_host = "{lab.worker.dockerd.host}"\n\n')
+    text = text[:start] + nodes + text[end:]
+    env_lines = "".join(f'{k} = "{v}"\n' for k, v in extra_env.items())
+    text = text.replace("[env]\n", "[env]\n" + env_lines)
+    path = work / f"recipe-{abs(hash(tuple(extra_env.items())))}.toml"
+    path.write_text(text)
+    return path
+
+
+def sparkstack(lab, world, recipe: Path, *args: str, env=None):
+    lab_, image, work, root, home = world
+    full = {**os.environ, "HF_HOME": str(home), "IMAGE": image["name"], "SPARKSTACK_STATE_DIR": str(work / "state"),
+            "VLLM_API_KEY": "lab-key", **(env or {})}
+    return lab.head.run(sys.executable, "-m", "sparkstack.cli", "launch", *args, "--recipe", str(recipe),
+                        "--profile", "lab", "--host-root", str(root), "--ssh-config", str(lab.ssh_config),
+                        check=False, env=full, timeout=300)
+
+
+def containers(host) -> list[str]:
+    return host.docker("ps", "-a", "--format", "{{.Names}}").stdout.split()
+
+
+def test_launch_all_then_status_then_stop(launch_world):
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "2", "STANDIN_RECORD": "/tmp/standin-record.json"})
+    try:
+        proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0.5", "--health-interval", "0.5",
+                          "--health-attempts", "120", "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = json.loads(proc.stdout)
+        boot = out["boot"]
+        assert 0 <= boot["port_open_s"] <= boot["health_s"] <= boot["ttft_s"]
+        assert "Using Eagle3 auxiliary layers from config: (6, 15, 25, 34, 43)" in boot["seen_lines"]
+        # Worker first: it was running before the head started.
+        w_start = lab.worker.docker("inspect", "--format", "{{.State.StartedAt}}", "glm53-tony-rank1").stdout.strip()
+        h_start = lab.head.docker("inspect", "--format", "{{.State.StartedAt}}", "glm53-tony-rank0").stdout.strip()
+        assert w_start < h_start
+        # The head's engine got the planned argv; the API key reached it through the environment only.
+        rec = json.loads(lab.head.docker("exec", "glm53-tony-rank0", "cat", "/tmp/standin-record.json").stdout)
+        assert rec["argv"][rec["argv"].index("--node-rank") + 1] == "0" and "--headless" not in rec["argv"]
+        assert rec["env"]["VLLM_API_KEY"] == "lab-key" and rec["env"]["NCCL_SOCKET_IFNAME"] == FABRIC_IF
+        record = json.loads(Path(out["record"]).read_text())
+        assert "lab-key" not in Path(out["record"]).read_text()
+        assert record["image_id"] == image["config_digest"] and len(record["ranks"]) == 2
+
+        proc = sparkstack(lab, launch_world, recipe, "status", "--json")
+        rows = json.loads(proc.stdout)["ranks"]
+        assert [r["state"] for r in rows[:2]] == ["running", "running"]
+        assert {r["image_id"] for r in rows[:2]} == {image["config_digest"]}
+        assert rows[0]["health"] == 200 and rows[2]["last_run"] == record["id"]
+    finally:
+        proc = sparkstack(lab, launch_world, recipe, "stop")
+    assert proc.returncode == 0, proc.stderr
+    assert "glm53-tony-rank0" not in containers(lab.head) and "glm53-tony-rank1" not in containers(lab.worker)
+
+
+def test_stale_container_and_missing_image_fail_preflight(launch_world):
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {})
+    lab.worker.docker("run", "-d", "--name", "glm53-tony-rank1", "--entrypoint", "sleep", image["name"], "300")
+    try:
+        proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0")
+        assert proc.returncode == 1
+        assert "stale-container" in proc.stdout + proc.stderr and "glm53-tony-rank1" in proc.stderr
+        proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0", env={"IMAGE": "no/such:image"})
+        assert proc.returncode == 1 and "not present" in proc.stdout + proc.stderr
+    finally:
+        lab.worker.docker("rm", "-f", "glm53-tony-rank1", check=False)
+    assert containers(lab.head) == []
+
+
+def test_dying_worker_fails_launch_and_shows_its_log(launch_world):
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "never", "STANDIN_HEADLESS_DIE_AFTER": "2"})
+    try:
+        proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0", "--health-interval", "0.5",
+                          "--health-attempts", "60")
+        assert proc.returncode == 1
+        assert "rank 1 container glm53-tony-rank1 is exited" in proc.stderr
+        assert "--- rank 1 log (last lines) ---" in proc.stderr
+        assert "stand-in worker lost its peer and exits" in proc.stderr
+        assert "--- rank 0 log (last lines) ---" in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("sparkstack: error: ")
+    finally:
+        sparkstack(lab, launch_world, recipe, "stop")
+
+
+def test_head_that_never_gets_healthy_times_out_with_logs(launch_world):
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "never"})
+    try:
+        t0 = time.monotonic()
+        proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0", "--health-interval", "0.2",
+                          "--health-attempts", "10")
+        assert proc.returncode == 1 and "no /health 200 after 10 x 0.2 s" in proc.stderr
+        assert "Starting API server" in proc.stderr  # the head's log is shown
+        assert time.monotonic() - t0 < 120
+    finally:
+        sparkstack(lab, launch_world, recipe, "stop")
+
+
+def test_stop_works_with_the_fabric_down(launch_world):
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "0"})
+    proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0", "--health-interval", "0.3",
+                      "--health-attempts", "60")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lab.head.run("ip", "link", "set", FABRIC_IF, "down")
+    try:
+        proc = sparkstack(lab, launch_world, recipe, "stop")
+        assert proc.returncode == 0, proc.stderr
+        assert containers(lab.head) == [] and containers(lab.worker) == []
+    finally:
+        lab.head.run("ip", "link", "set", FABRIC_IF, "up")
