@@ -143,3 +143,18 @@ def test_stop_works_with_the_fabric_down(launch_world):
         assert containers(lab.head) == [] and containers(lab.worker) == []
     finally:
         lab.head.run("ip", "link", "set", FABRIC_IF, "up")
+
+
+def test_probe_runs_runtime_gates_in_the_image(launch_world):
+    """--probe --gates runs the import gates in a throwaway container. The stand-in has no DFlash2, so they fail:
+    which shows they really ran inside the image."""
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {})
+    proc = sparkstack(lab, launch_world, recipe, "0", "--dry-run", "--probe", "--gates", "--json")
+    assert proc.returncode == 0, proc.stderr
+    checks = json.loads(proc.stdout)["preflight"]
+    gates = [c for c in checks if c["check"] == "gate"]
+    assert len(gates) == 3 and all(c["status"] == "fail" for c in gates)
+    assert any("No module named" in c["detail"] or "ModuleNotFoundError" in c["detail"] for c in gates)
+    identity = [c for c in checks if c["check"] == "image-identity"]
+    assert identity and identity[0]["status"] == "pass"  # both ranks hold the same config digest

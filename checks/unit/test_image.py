@@ -252,3 +252,31 @@ def test_wheel_with_wrong_hash_is_refused(world, run_cli, tmp_path):
     fx.make_wheel(wheels, "instanttensor", "0.3.1", {"instanttensor/__init__.py": "x = 2\n"})  # swapped behind our back
     proc = build(run_cli, world, tmp_path / "out", "--variant", "instanttensor", "--wheels", wheels, check=1)
     assert "does not match the pinned" in proc.stderr
+
+
+def test_symlinked_blobs_and_multi_arch_index(world, run_cli, tmp_path):
+    """The Nix side hands over a layout whose blobs are symlinks to per-blob store paths, and an index may be multi-arch."""
+    store = tmp_path / "store"
+    store.mkdir()
+    amd = tmp_path / "amd"
+    fx.write_base(amd, arch="amd64")
+    multi = tmp_path / "multi"
+    (multi / "blobs/sha256").mkdir(parents=True)
+    for layout in (world["base"], amd):
+        for blob in (layout / "blobs/sha256").iterdir():
+            target = store / blob.name
+            if not target.exists():
+                target.write_bytes(blob.read_bytes())
+            link = multi / "blobs/sha256" / blob.name
+            if not link.exists():
+                link.symlink_to(target)
+    manifests = [json.loads((l / "index.json").read_text())["manifests"][0] for l in (amd, world["base"])]
+    (multi / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
+    (multi / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    arm = build(run_cli, dict(world, base=multi), tmp_path / "arm-out")
+    ref = build(run_cli, world, tmp_path / "ref")
+    assert arm["config_digest"] == ref["config_digest"]  # linux/arm64 picked by default
+    out_blob = tmp_path / "arm-out/blobs/sha256" / world["digests"]["layers"][0].split(":")[1]
+    assert not out_blob.is_symlink() and out_blob.stat().st_ino == (store / out_blob.name).stat().st_ino
+    amd_out = build(run_cli, dict(world, base=multi), tmp_path / "amd-out", "--platform", "linux/amd64")
+    assert amd_out["base_config_digest"] != arm["base_config_digest"]

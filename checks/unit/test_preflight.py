@@ -116,7 +116,10 @@ def test_kv_plan_that_cannot_cover_a_request_warns(run_cli, world):
 def test_launch_refuses_before_any_container_on_a_failed_check(run_cli, world):
     root, home = world
     (root / "proc/sys/vm/swappiness").write_text("30\n")
-    proc = run_cli("launch", "all", "--host-root", root, "--worker-delay", "0", env={"HF_HOME": str(home), "PATH": "/nonexistent"})
+    (root / "proc/sys/vm/drop_caches").write_text("")
+    proc = run_cli("launch", "all", "--host-root", root, "--worker-delay", "0", "--drop-caches",
+                   env={"HF_HOME": str(home), "PATH": "/nonexistent"})
+    assert (root / "proc/sys/vm/drop_caches").read_text() == "3\n"
     assert proc.returncode == 1
     assert "preflight failed" in proc.stderr and "swappiness" in proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1
