@@ -157,7 +157,7 @@ def test_index_only_keeps_shards_and_warns(cache, run_cli):
 def test_unindexed_shard_is_stripped_too(tmp_path, run_cli):
     """vLLM globs *.safetensors, so a shard the index forgets still gets its MTP tensors removed."""
     flat = tmp_path / "model"
-    tensors = synth.write_model_dir(flat)
+    synth.write_model_dir(flat)
     extra = {"model.layers.3.stray.weight": torch.ones(4), "model.layers.0.stray.weight": torch.zeros(4)}
     from safetensors.torch import save_file
     save_file(extra, str(flat / "extra.safetensors"))

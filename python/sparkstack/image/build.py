@@ -12,11 +12,14 @@ import hashlib
 import json
 import posixpath
 import re
+import tarfile
 import tempfile
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.read import LayerCache, RootFS, open_image
 from sparkstack.oci.write import LayerItem, build_layer, image_docs, source_date_epoch, write_output
@@ -164,8 +167,6 @@ def _already_built(out: Path, index: bytes) -> bool:
         except OSError:
             return False
     if out.is_file():
-        import tarfile
-
         try:
             with tarfile.open(out, "r:") as tar:
                 f = tar.extractfile("index.json")
@@ -263,8 +264,6 @@ def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platfo
 
 def pin_overlay(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None) -> dict[str, str]:
     """Fill every sha256 in overlay.toml from the real files. Returns {file: sha256} of what was written."""
-    from sparkstack import fsio
-
     overlay = load_overlay(overlay_dir)
     src = overlay_src / overlay.subdir if (overlay_src / overlay.subdir).is_dir() else overlay_src
     files = {i.file.path: src / i.file.path for i in overlay.installs}
@@ -287,16 +286,10 @@ def pin_overlay(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = N
         if m and current in hashes:
             lines[i] = f'{m.group(1)}"{hashes[current]}"\n'
     new_text = "".join(lines)
-    load_overlay_text_check(new_text, overlay.path)
+    try:
+        tomllib.loads(new_text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SparkstackError(f"{overlay.path}: pinning would break the file ({exc}); nothing written") from None
     fsio.write_atomic(overlay.path, new_text.encode())
     return hashes
-
-
-def load_overlay_text_check(text: str, path: Path) -> None:
-    import tomllib
-
-    try:
-        tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SparkstackError(f"{path}: pinning would break the file ({exc}); nothing written") from None
 

@@ -17,7 +17,7 @@ import requests
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.remote import Runner, first_line
+from sparkstack.remote import Runner, failure_line
 
 EXPECTED_LINES = (
     "Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",
@@ -75,7 +75,7 @@ def _state(runner: Runner, name: str) -> tuple[str, str | None]:
 
 def _logs(runner: Runner, name: str, tail: int) -> str:
     proc = runner.run_docker("logs", "--tail", str(tail), name, timeout=30)
-    return (proc.stdout + proc.stderr) if proc.returncode == 0 else f"(no logs: {first_line(proc)})"
+    return (proc.stdout + proc.stderr) if proc.returncode == 0 else f"(no logs: {failure_line(proc)})"
 
 
 def _started_epoch(started: str | None) -> float:
@@ -94,7 +94,7 @@ def all_logs(plan: LaunchPlan, runners: dict[int, Runner], tail: int) -> dict[in
 def start_rank(rank: RankPlan, runner: Runner, env: dict) -> None:
     proc = runner.run(_docker_run(rank, runner), timeout=300, env=env)
     if proc.returncode != 0:
-        raise LaunchFailed(f"rank {rank.rank} did not start on {runner.label}: {first_line(proc)}", {})
+        raise LaunchFailed(f"rank {rank.rank} did not start on {runner.label}: {failure_line(proc)}", {})
 
 
 def wait_running(rank: RankPlan, runner: Runner, t: Timeouts) -> None:
@@ -247,7 +247,7 @@ def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str],
         if proc.returncode == 0 or "No such container" in (proc.stderr or ""):
             on_event(f"rank {rank.rank}: {rank.name} removed" if proc.returncode == 0 else f"rank {rank.rank}: {rank.name} was not running")
         else:
-            failures.append(f"rank {rank.rank} on {runners[rank.rank].label}: {first_line(proc)}")
+            failures.append(f"rank {rank.rank} on {runners[rank.rank].label}: {failure_line(proc)}")
     return failures
 
 
@@ -263,7 +263,7 @@ def status(plan: LaunchPlan, runners: dict[int, Runner]) -> list[dict]:
             state, started, image = proc.stdout.split()
             row.update(state=state, image_id=image, uptime_s=round(time.time() - _started_epoch(started)) if state == "running" else None)
         elif proc.returncode not in (0, 1):
-            row["state"] = f"unknown ({first_line(proc)})"
+            row["state"] = f"unknown ({failure_line(proc)})"
         if rank.rank == 0 and row["state"] == "running":
             try:
                 row["health"] = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code

@@ -19,7 +19,7 @@ from pathlib import Path
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.recipe.kv import plan_kv
-from sparkstack.remote import Runner, first_line
+from sparkstack.remote import Runner, failure_line
 
 GIB = 1 << 30
 CHAT_TEMPLATE = "chat_template_mm.jinja"
@@ -264,7 +264,7 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> 
         r = runners[rank.rank]
         proc = r.run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
         if proc.returncode != 0:
-            checks.append(Check("image", "fail", f"{plan.image} is not present on {r.label}: {first_line(proc)}", rank.rank))
+            checks.append(Check("image", "fail", f"{plan.image} is not present on {r.label}: {failure_line(proc)}", rank.rank))
         else:
             digests[rank.rank] = proc.stdout.strip()
             checks.append(Check("image", "pass", f"{plan.image} = {digests[rank.rank][:19]}", rank.rank))
@@ -296,7 +296,7 @@ def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
         ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", gate[0], plan.image, *gate[1:], timeout=300)
         label = gate[-1][:60]
         out.append(Check("gate", "pass" if ran.returncode == 0 else "fail",
-                         label if ran.returncode == 0 else f"{label}: {first_line(ran)}", 0))
+                         label if ran.returncode == 0 else f"{label}: {failure_line(ran)}", 0))
     return out
 
 

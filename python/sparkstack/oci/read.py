@@ -24,7 +24,7 @@ from typing import BinaryIO
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import (
-    DOCKER_MANIFEST_LIST, INDEX_V1, LAYER_GZIP, LAYER_TAR, LAYER_ZSTD, OCI_EQUIVALENT,
+    INDEX_V1, LAYER_GZIP, LAYER_TAR, LAYER_ZSTD, OCI_EQUIVALENT,
     Image, Layer, digest_hex, sha256_digest,
 )
 

@@ -51,6 +51,7 @@ class Runner:
         return self.run(self.docker(*args), timeout=timeout, env=env)
 
 
-def first_line(proc: subprocess.CompletedProcess) -> str:
+def failure_line(proc: subprocess.CompletedProcess) -> str:
+    """The most telling line of a failed command: its last line of stderr (or stdout)."""
     text = (proc.stderr or proc.stdout or "").strip()
     return text.splitlines()[-1] if text else f"exit {proc.returncode}"
