@@ -291,9 +291,12 @@ def pin(overlay_dir, overlay_src, wheel_dir, as_json) -> None:
 @click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache before launching.")
 @click.option("--min-free-mem-gib", type=float, default=100.0, show_default=True)
-@click.option("--health-interval", type=float, default=10.0, show_default=True, help="Seconds between /health polls.")
-@click.option("--health-attempts", type=int, default=360, show_default=True)
-@click.option("--worker-delay", type=float, default=20.0, show_default=True, help="Seconds between the workers and the head.")
+@click.option("--health-interval", type=float, default=10.0, show_default=True, envvar="HEALTH_INTERVAL",
+              help="Seconds between /health polls (env HEALTH_INTERVAL).")
+@click.option("--health-attempts", type=int, default=360, show_default=True, envvar="HEALTH_ATTEMPTS",
+              help="How many /health polls before giving up (env HEALTH_ATTEMPTS).")
+@click.option("--worker-delay", type=float, default=20.0, show_default=True, envvar="WORKER_DELAY",
+              help="Seconds between the workers and the head (env WORKER_DELAY).")
 @one_line_errors
 def launch(target, recipe, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
            min_free_mem_gib, health_interval, health_attempts, worker_delay) -> None:
