@@ -237,3 +237,21 @@ def test_page_unification_rules():
     divisible = page_unification(KvGeometry(mla_page_bytes_per_token=1024, indexer_page_bytes_per_token=128,
                                             drafter_page_bytes_per_token=512), 256)
     assert divisible.ok is True
+
+
+def test_remote_hf_home_tilde_is_expanded_on_the_worker():
+    from sparkstack.launch.apply import _docker_run
+    from sparkstack.launch.plan import RankPlan
+    from sparkstack.remote import Runner
+
+    class FakeRunner(Runner):
+        def run(self, argv, timeout=120, env=None):
+            import subprocess
+            assert argv == ["printenv", "HOME"]
+            return subprocess.CompletedProcess(argv, 0, "/home/spark\n", "")
+
+    hub = "~/.cache/huggingface/hub"
+    rank = RankPlan(1, "w", "me@w", None, "n", "10.0.0.2", "nic", "hca", hub,
+                    ("docker", "run", "-v", f"{hub}:/root/.cache/huggingface/hub:ro", "img"))
+    argv = _docker_run(rank, FakeRunner(ssh="me@w"))
+    assert argv == ["docker", "run", "-v", "/home/spark/.cache/huggingface/hub:/root/.cache/huggingface/hub:ro", "img"]

@@ -62,6 +62,11 @@ class Boot:
 
 def _docker_run(rank: RankPlan, runner: Runner) -> list[str]:
     argv = list(rank.docker_run)
+    if rank.hub.startswith("~"):  # a remote rank's HF_HOME default: expand it on that machine, as the old launcher did
+        home = runner.run(["printenv", "HOME"], timeout=30).stdout.strip()
+        if not home.startswith("/"):
+            raise LaunchFailed(f"rank {rank.rank}: cannot read $HOME on {runner.label} to expand {rank.hub}", {})
+        argv = [a.replace(rank.hub, home + rank.hub[1:], 1) if a.startswith(rank.hub + ":") else a for a in argv]
     return runner.docker(*argv[1:])
 
 
