@@ -34,7 +34,7 @@ def one_line_errors(fn):
             where = f"{exc.filename}: " if exc.filename else ""
             _fail(f"{where}{exc.strerror or exc}")
         except KeyboardInterrupt:
-            click.echo("sparkstack: interrupted; nothing was published", err=True)
+            click.echo("sparkstack: interrupted (outputs are published atomically: nothing half-written)", err=True)
             sys.exit(130)
 
     return wrapper
