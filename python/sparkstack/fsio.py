@@ -7,6 +7,7 @@ leaves either nothing, the old version, or a complete and verified new one.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
@@ -21,6 +22,15 @@ CHUNK = 8 << 20
 COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 # errnos that mean "this method is not available here", not "the copy failed".
 _UNSUPPORTED = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

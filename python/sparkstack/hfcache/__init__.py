@@ -1,12 +1,17 @@
-"""The Hugging Face hub cache layout: resolving a model source and naming blobs the way the hub does.
+"""The Hugging Face hub cache layout. Every other module reads and writes cache entries through here.
 
 An entry is `hub/models--ORG--NAME/` with `blobs/`, `snapshots/<rev>/` (relative
 symlinks into ../../blobs) and `refs/main`. Large (LFS) files are blobs named
 by their sha256; small files by their git blob sha1.
+
+Reading: `resolve_source`, `read_ref`, `snapshot_state`. Writing: `publish_snapshot`,
+which makes a staged entry visible so that a kill at any moment leaves the entry
+absent, at its previous complete revision, or complete at the new one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -14,7 +19,9 @@ from pathlib import Path
 
 from huggingface_hub.utils.sha import git_hash
 
+from sparkstack import fsio
 from sparkstack.errors import SparkstackError
+from sparkstack.safetensors_header import read_header
 
 # A revision is a git commit hash. refs/main is read by hand (it is one line) rather than through
 # huggingface_hub.try_to_load_from_cache, whose import alone costs ~0.16 s on every strip.
@@ -31,6 +38,7 @@ class SourceFile:
     blob: str | None  # the blob name in the entry's blobs/, when the file is a proper cache link
     size: int
     mtime_ns: int
+    identity: tuple[int, int, int, int]  # (device, inode, size, mtime_ns) of the real file
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,9 @@ def resolve_source(path: str | os.PathLike) -> ModelSource:
         raise SparkstackError(f"{p}: no such directory")
     if _is_cache_entry(p):
         repo_id_from_folder(p.name)
-        ref = p / "refs" / "main"
-        if not ref.is_file():
+        revision = read_ref(p)
+        if revision is None:
             raise SparkstackError(f"{p}: cache entry has no refs/main; pass a snapshot dir instead")
-        revision = ref.read_text().strip()
-        if not _REVISION.fullmatch(revision):
-            raise SparkstackError(f"{ref}: expected a 40-hex commit hash, found {revision[:60]!r}")
         snapshot = p / "snapshots" / revision
         if not (snapshot / "config.json").exists():
             raise SparkstackError(f"{p}: refs/main names {revision}, but snapshots/{revision}/config.json is missing")
@@ -103,7 +108,7 @@ def _scan(kind: str, root: Path, model_dir: Path, revision: str | None) -> Model
             st = real.stat()
             blob = real.name if blobs is not None and link.is_symlink() and real.parent == blobs else None
             rel = link.relative_to(model_dir).as_posix()
-            files.append(SourceFile(rel, real, blob, st.st_size, st.st_mtime_ns))
+            files.append(SourceFile(rel, real, blob, st.st_size, st.st_mtime_ns, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)))
     files.sort(key=lambda f: f.relpath)
     return ModelSource(kind, root, model_dir, revision, tuple(files))
 
@@ -122,3 +127,121 @@ def snapshot_link_target(relpath: str, blob: str) -> str:
     """The relative symlink from snapshots/<rev>/<relpath> to blobs/<blob>."""
     depth = relpath.count("/")
     return "../" * (2 + depth) + "blobs/" + blob
+
+
+# ---------------------------------------------------------------- refs
+
+
+def read_ref(entry: Path, ref: str = "main") -> str | None:
+    """The commit a ref names, or None when the ref file is absent. Anything but a 40-hex commit is refused."""
+    path = entry / "refs" / ref
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise SparkstackError(f"{path}: is a directory, not a ref file") from None
+    except OSError as exc:
+        raise SparkstackError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    revision = raw.decode("utf-8", errors="replace").strip()
+    if not _REVISION.fullmatch(revision):
+        raise SparkstackError(f"{path}: expected a 40-hex commit hash, found {revision[:60]!r}")
+    return revision
+
+
+# ---------------------------------------------------------------- completeness
+
+
+@dataclass(frozen=True)
+class SnapshotState:
+    """What a snapshot on disk holds, and whether a loader would find every shard whole."""
+
+    entry: Path
+    revision: str | None
+    complete: bool
+    detail: str  # why not complete, or a one-line summary when it is
+    shards: int = 0
+    files: frozenset[str] = frozenset()
+
+    def has(self, relpath: str) -> bool:
+        return relpath in self.files
+
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
+    """Check one snapshot (default: the one refs/main names): every indexed shard present, at the size its header implies."""
+    if revision is None:
+        revision = read_ref(entry)
+        if revision is None:
+            return SnapshotState(entry, None, False, f"{entry}/refs/main is missing")
+    snap = entry / "snapshots" / revision
+    if not snap.is_dir():
+        return SnapshotState(entry, revision, False, f"{snap} does not exist")
+    files = frozenset(p.relative_to(snap).as_posix() for p in snap.rglob("*") if not p.is_dir())
+    index = snap / INDEX_NAME
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            if not all(isinstance(s, str) for s in shards):
+                raise TypeError
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return SnapshotState(entry, revision, False, f"{index} is not a valid index", files=files)
+    else:
+        shards = sorted(p.name for p in snap.glob("*.safetensors"))
+    if not shards:
+        return SnapshotState(entry, revision, False, f"{snap} has no safetensors shards", files=files)
+    for shard in shards:
+        path = snap / shard
+        if not path.is_file():
+            return SnapshotState(entry, revision, False,
+                                 f"{shard} is named in the index but missing (an unfinished download?)", files=files)
+        try:
+            read_header(path)  # also proves the file is exactly as long as its header says
+        except SparkstackError as exc:
+            return SnapshotState(entry, revision, False, str(exc), files=files)
+    return SnapshotState(entry, revision, True, f"{len(shards)} shards complete at {revision[:12]}", len(shards), files)
+
+
+# ---------------------------------------------------------------- publishing
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, _ in os.walk(root):
+        fsio.fsync_dir(dirpath)
+
+
+def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[str, bytes]) -> None:
+    """Publish a staged entry (`stage/blobs/`, `stage/snapshots/<revision>/`) at `entry`, refs/main -> revision.
+
+    `bookkeeping` files go under `entry/.sparkstack/`, written last: they record what
+    was published, so they must never describe a snapshot that is not in place yet.
+    """
+    if not entry.exists():
+        # A fresh entry appears whole, in one rename.
+        (stage / "refs").mkdir()
+        fsio.write_durable(stage / "refs" / "main", revision.encode())
+        (stage / ".sparkstack").mkdir()
+        for name, data in bookkeeping.items():
+            fsio.write_durable(stage / ".sparkstack" / name, data)
+        _fsync_tree(stage)
+        os.rename(stage, entry)
+        fsio.fsync_dir(entry.parent)
+        return
+    # An existing entry: blobs first (content-addressed, so an early kill leaves only unused blobs),
+    # then swap the snapshot dir, then refs/main, and the bookkeeping last.
+    _fsync_tree(stage)
+    blobs = entry / "blobs"
+    blobs.mkdir(exist_ok=True)
+    for blob in sorted((stage / "blobs").iterdir()):
+        if not (blobs / blob.name).exists():
+            os.rename(blob, blobs / blob.name)
+    fsio.fsync_dir(blobs)
+    (entry / "snapshots").mkdir(exist_ok=True)
+    fsio.replace_dir(stage / "snapshots" / revision, entry / "snapshots" / revision)
+    (entry / "refs").mkdir(exist_ok=True)
+    fsio.write_atomic(entry / "refs" / "main", revision.encode())
+    (entry / ".sparkstack").mkdir(exist_ok=True)
+    for name, data in bookkeeping.items():
+        fsio.write_atomic(entry / ".sparkstack" / name, data)

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.oci.read import LayerCache, RootFS, open_image
+from sparkstack.oci.layers import LayerCache
+from sparkstack.oci.rootfs import RootFS
+from sparkstack.oci.source import open_image
 from sparkstack.oci.write import LayerItem, build_layer, image_docs, source_date_epoch, write_output
 from sparkstack.patch.drift import StepReport, check_drift
 from sparkstack.patch.engine import GateResult, StepOutcome, apply_overlay, needed_paths

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import read_ref
 from sparkstack.recipe import KNOB_DEFAULTS, NodeSpec, Recipe
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
@@ -188,12 +189,13 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
     return json.dumps(ordered, separators=(",", ":"))
 
 
-def read_revision(hub: Path, cache_name: str) -> str | None:
+def _revision(hub: Path, cache_name: str, notes: list[str]) -> str | None:
+    """refs/main of a local cache entry; a bad ref becomes a note (the plan is still printed, preflight fails)."""
     try:
-        rev = (hub / cache_name / "refs" / "main").read_text().strip()
-    except OSError:
+        return read_ref(hub / cache_name)
+    except SparkstackError as exc:
+        notes.append(str(exc))
         return None
-    return rev or None
 
 
 def _hub_path(knobs: Knobs, remote: bool) -> str:
@@ -231,12 +233,12 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
             raise SparkstackError(f"{port_knob}={knobs[port_knob]!r} is not a port number")
     local_hub = Path(_hub_path(knobs, remote=False))
     model_cache = knobs["MODEL_CACHE_NAME"]
-    model_rev = read_revision(local_hub, model_cache)
+    model_rev = _revision(local_hub, model_cache, notes)
     model_path = f"{CONTAINER_HUB}/{model_cache}/snapshots/{model_rev or '<refs/main missing>'}"
     drafter_path = drafter_rev = None
     if recipe.drafter_cache_knob:
         draft_cache = knobs[recipe.drafter_cache_knob]
-        drafter_rev = read_revision(local_hub, draft_cache)
+        drafter_rev = _revision(local_hub, draft_cache, notes)
         drafter_path = f"{CONTAINER_HUB}/{draft_cache}/snapshots/{drafter_rev or '<refs/main missing>'}"
     if model_rev is None:
         notes.append(f"{local_hub / model_cache}/refs/main is missing: preflight will fail")

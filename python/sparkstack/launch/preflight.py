@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.recipe.kv import plan_kv
 from sparkstack.remote import Runner, failure_line
@@ -165,37 +165,15 @@ def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
 
 def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool) -> list[Check]:
     """The snapshot exists and every shard the index names is there, at the size its header implies."""
-    from sparkstack.strip.header import read_header
-
     if revision is None:
-        return [Check(f"{label}-snapshot", "fail", f"{hub / cache_name}/refs/main is missing")]
-    snap = hub / cache_name / "snapshots" / revision
-    if not snap.is_dir():
-        return [Check(f"{label}-snapshot", "fail", f"{snap} does not exist")]
-    index = snap / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError):
-            return [Check(f"{label}-snapshot", "fail", f"{index} is not a valid index")]
-    else:
-        shards = sorted(p.name for p in snap.glob("*.safetensors"))
-    if not shards:
-        return [Check(f"{label}-snapshot", "fail", f"{snap} has no safetensors shards")]
-    for shard in shards:
-        path = snap / shard
-        if not path.exists():
-            return [Check(f"{label}-snapshot", "fail", f"{shard} is named in the index but missing (an unfinished download?)")]
-        try:
-            read_header(path)  # also proves the file is exactly as long as its header says
-        except SparkstackError as exc:
-            return [Check(f"{label}-snapshot", "fail", str(exc))]
-    checks = [Check(f"{label}-snapshot", "pass", f"{len(shards)} shards complete at {revision[:12]}")]
-    if want_template:
-        ok = (snap / CHAT_TEMPLATE).exists()
+        return [Check(f"{label}-snapshot", "fail", f"{hub / cache_name}/refs/main is missing or unreadable")]
+    state = snapshot_state(hub / cache_name, revision)
+    checks = [Check(f"{label}-snapshot", "pass" if state.complete else "fail", state.detail)]
+    if state.complete and want_template:
+        ok = state.has(CHAT_TEMPLATE)
         checks.append(Check("chat-template", "pass" if ok else "warn",
                             f"{CHAT_TEMPLATE} present" if ok else f"{CHAT_TEMPLATE} missing: image requests will return 500"))
-        checks.append(_modelopt_check(snap))
+        checks.append(_modelopt_check(hub / cache_name / "snapshots" / revision))
     return checks
 
 

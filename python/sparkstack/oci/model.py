@@ -25,6 +25,10 @@ OCI_EQUIVALENT = {
     DOCKER_MANIFEST_LIST: INDEX_V1,
 }
 
+# Layer tar conventions: a whiteout hides a lower path, an opaque marker hides a dir's lower contents.
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+
 REF_NAME = "org.opencontainers.image.ref.name"
 CONTAINERD_NAME = "io.containerd.image.name"
 
@@ -68,3 +72,13 @@ class Image:
     def identity(self) -> str:
         """The config digest: docker's image ID, which survives `docker load`."""
         return self.config_digest
+
+
+def manifest_for(config_digest: str, config_size: int, layers: tuple[Layer, ...]) -> tuple[bytes, dict]:
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_V1,
+        "config": {"mediaType": CONFIG_V1, "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": l.media_type, "digest": l.digest, "size": l.size} for l in layers],
+    }
+    return canonical_json(manifest), manifest

@@ -10,7 +10,8 @@ from pathlib import Path
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import Image, digest_hex
-from sparkstack.oci.read import BlobSource, DockerArchive, HashingReader, LayoutDir, TarArchive, open_image, uncompressed
+from sparkstack.oci.layers import HashingReader, uncompressed
+from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchive, open_image
 
 
 @dataclass(frozen=True)

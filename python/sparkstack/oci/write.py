@@ -21,10 +21,10 @@ from typing import BinaryIO
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import (
-    CONFIG_V1, CONTAINERD_NAME, INDEX_V1, LAYER_GZIP, MANIFEST_V1, REF_NAME, Image, Layer, canonical_json,
-    digest_hex, sha256_digest,
+    CONTAINERD_NAME, INDEX_V1, LAYER_GZIP, MANIFEST_V1, OPAQUE, REF_NAME, WHITEOUT, Image, Layer, canonical_json,
+    digest_hex, manifest_for, sha256_digest,
 )
-from sparkstack.oci.read import BlobSource, OPAQUE, WHITEOUT
+from sparkstack.oci.source import BlobSource
 
 
 @dataclass(frozen=True)
@@ -137,16 +137,6 @@ def derive_config(base: dict, layer: Layer, labels: dict[str, str], created_by: 
     run["Labels"] = {**(run.get("Labels") or {}), **labels}
     config["created"] = _iso(epoch)
     return config
-
-
-def manifest_for(config_digest: str, config_size: int, layers: tuple[Layer, ...]) -> tuple[bytes, dict]:
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_V1,
-        "config": {"mediaType": CONFIG_V1, "digest": config_digest, "size": config_size},
-        "layers": [{"mediaType": l.media_type, "digest": l.digest, "size": l.size} for l in layers],
-    }
-    return canonical_json(manifest), manifest
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack import fsio
+from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import git_blob_name, snapshot_link_target
-from sparkstack.strip.header import read_header
-from sparkstack.strip.plan import FORMAT_VERSION, ShardPlan, StripPlan
+from sparkstack.hfcache import git_blob_name, publish_snapshot, snapshot_link_target
+from sparkstack.safetensors_header import read_header
+from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,16 @@ def apply_plan(plan: StripPlan, on_progress: Callable[[int], None] | None = None
         for relpath, data in plan.new_files:
             out.add_new(relpath, data)
         stamp = {
-            "created_by": "sparkstack strip", "format": FORMAT_VERSION, "fingerprint": plan.fingerprint,
+            "created_by": COMMAND, "format": FORMAT_VERSION, "fingerprint": plan.fingerprint,
             "source": str(plan.source.root), "revision": plan.source.revision,
             "outputs": {f.relpath: f.size for f in out.files},
         }
-        stamp_bytes = (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode()
+        bookkeeping = {dest.stamp.name: (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode(),
+                       outputs.MARKER.name: outputs.OutputMarker(COMMAND).to_bytes()}
         if dest.kind == "cache":
-            _publish_cache(stage, dest.root, dest.revision, stamp_bytes, dest.stamp.name)
+            publish_snapshot(stage, dest.root, dest.revision, bookkeeping)
         else:
-            _publish_flat(stage, dest.root, stamp_bytes, dest.stamp.name)
+            _publish_flat(stage, dest.root, bookkeeping)
     return StripResult(dest.root, dest.revision, False, tuple(out.files), copier.method)
 
 
@@ -106,7 +107,7 @@ class _Staged:
             return
         if blob is None:  # a plain file inside a snapshot: name it as the hub would
             data = src.read_bytes() if not relpath.endswith(".safetensors") else None
-            blob = git_blob_name(data) if data is not None else _sha256_file(src)
+            blob = git_blob_name(data) if data is not None else fsio.sha256_file(src)
         how = "link"
         if not self._have_blob(blob):
             how = fsio.link_or_copy(src, self.blobs / blob)
@@ -185,49 +186,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(fsio.CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, _ in os.walk(root):
-        fsio.fsync_dir(dirpath)
-
-
-def _publish_cache(stage: Path, entry: Path, revision: str, stamp: bytes, stamp_name: str) -> None:
-    if not entry.exists():
-        # A fresh entry appears whole, in one rename.
-        (stage / "refs").mkdir()
-        fsio.write_durable(stage / "refs" / "main", revision.encode())
-        (stage / ".sparkstack").mkdir()
-        fsio.write_durable(stage / ".sparkstack" / stamp_name, stamp)
-        _fsync_tree(stage)
-        os.rename(stage, entry)
-        fsio.fsync_dir(entry.parent)
-        return
-    # An existing entry: blobs first (content-addressed, so an early kill leaves only unused blobs),
-    # then swap the snapshot dir, then refs/main, and the up-to-date stamp last.
-    _fsync_tree(stage)
-    blobs = entry / "blobs"
-    blobs.mkdir(exist_ok=True)
-    for blob in sorted((stage / "blobs").iterdir()):
-        if not (blobs / blob.name).exists():
-            os.rename(blob, blobs / blob.name)
-    fsio.fsync_dir(blobs)
-    (entry / "snapshots").mkdir(exist_ok=True)
-    fsio.replace_dir(stage / "snapshots" / revision, entry / "snapshots" / revision)
-    (entry / "refs").mkdir(exist_ok=True)
-    fsio.write_atomic(entry / "refs" / "main", revision.encode())
-    (entry / ".sparkstack").mkdir(exist_ok=True)
-    fsio.write_atomic(entry / ".sparkstack" / stamp_name, stamp)
-
-
-def _publish_flat(stage: Path, dest: Path, stamp: bytes, stamp_name: str) -> None:
+def _publish_flat(stage: Path, dest: Path, bookkeeping: dict[str, bytes]) -> None:
     (stage / ".sparkstack").mkdir()
-    fsio.write_durable(stage / ".sparkstack" / stamp_name, stamp)
-    _fsync_tree(stage)
+    for name, data in bookkeeping.items():
+        fsio.write_durable(stage / ".sparkstack" / name, data)
+    for dirpath, _, _ in os.walk(stage):
+        fsio.fsync_dir(dirpath)
     fsio.replace_dir(stage, dest)

@@ -9,15 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import ModelSource, SourceFile
-from sparkstack.strip.header import ShardHeader, TensorEntry, encode_header, read_header
+from sparkstack.hfcache import ModelSource, SourceFile, read_ref
+from sparkstack.safetensors_header import ShardHeader, TensorEntry, encode_header, read_header
 from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 # Bump when the output for the same input would change, so old outputs stop counting as up to date.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+COMMAND = "sparkstack strip"
 SAMPLE_KEYS = 8
 
 
@@ -134,6 +136,7 @@ def _safe_shard_name(key: str, name: object, where: Path) -> str:
 def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) -> StripPlan:
     """Read config, index and shard headers, and decide every file's fate. Writes nothing."""
     _refuse_overlap(source.root, dest_root)
+    outputs.claim_dir(dest_root, COMMAND)
     warnings: list[str] = []
     config = _load_json(source, CONFIG_NAME)
     if not isinstance(config, dict):
@@ -220,8 +223,17 @@ def _plan_shard(sf: SourceFile, header: ShardHeader, layers: int, index_only: bo
 
 
 def _fingerprint(source: ModelSource, index_only: bool) -> str:
-    """Identity of the inputs: blob names for a cache entry (content hashes), size+mtime for a flat dir."""
-    files = [[f.relpath, f.blob] if f.blob else [f.relpath, f.size, f.mtime_ns] for f in source.files]
+    """Identity of the inputs. Shards: blob name plus stat identity (an edit through a snapshot link keeps the
+    blob's name but not its mtime). Everything else, config.json and the index included: its content.
+
+    The stat identity leaves out ctime: hardlinking a shard into the output changes the source's ctime.
+    """
+    files = []
+    for f in source.files:
+        if f.relpath.endswith(".safetensors"):
+            files.append([f.relpath, f.blob, *f.identity])
+        else:
+            files.append([f.relpath, fsio.sha256_file(f.path)])
     doc = {"format": FORMAT_VERSION, "index_only": index_only, "revision": source.revision, "files": files}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -234,8 +246,10 @@ def _is_up_to_date(dest: Destination, fingerprint: str) -> bool:
     if not isinstance(stamp, dict) or stamp.get("fingerprint") != fingerprint:
         return False
     if dest.kind == "cache":
-        ref = dest.root / "refs" / "main"
-        if not ref.is_file() or ref.read_text().strip() != dest.revision:
+        try:
+            if read_ref(dest.root) != dest.revision:
+                return False
+        except SparkstackError:
             return False
     outputs = stamp.get("outputs")
     if not isinstance(outputs, dict):
