@@ -146,7 +146,7 @@ def tree_digest(root: Path) -> str:
 
 def write_raw_shard(path: Path, tensors: list[tuple[str, int]], fill: bytes) -> None:
     """A valid safetensors file of U8 tensors (name, nbytes), written fast from a repeated fill block."""
-    from sparkstack.strip.header import TensorEntry, encode_header
+    from sparkstack.safetensors_header import TensorEntry, encode_header
 
     entries = tuple(TensorEntry(name, "U8", (n,), 0, n) for name, n in tensors)
     prefix, _ = encode_header((("format", "pt"),), entries)

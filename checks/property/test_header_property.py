@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from sparkstack.errors import SparkstackError
-from sparkstack.strip.header import TensorEntry, encode_header, parse_header
+from sparkstack.safetensors_header import TensorEntry, encode_header, parse_header
 
 # dtypes torch (the "pt" framework) can hand back, with their element sizes.
 DTYPES = {"U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "BF16": 2, "F16": 2, "I16": 2,
