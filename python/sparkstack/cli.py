@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
-from sparkstack.errors import SparkstackError
+from sparkstack.errors import SparkstackError, UsageError
 
 
 def _fail(message: str) -> None:
@@ -28,6 +29,8 @@ def one_line_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from None
         except SparkstackError as exc:
             _fail(str(exc))
         except OSError as exc:
@@ -141,8 +144,15 @@ class _progress:
 
 # ---------------------------------------------------------------- image / patch / pin
 
-_overlay_opt = click.option("--overlay", "overlay_dir", type=click.Path(path_type=Path), default=Path("overlays/dflash2"),
-                            show_default=True, help="Dir holding overlay.toml.")
+_overlay_opt = click.option("--overlay", "overlay_dir", type=click.Path(path_type=Path), default=None,
+                            help="Dir holding overlay.toml (default: the shipped overlays/dflash2).")
+
+
+def _overlay_dir(given: Path | None) -> Path:
+    from sparkstack.shipped import default_overlay_dir
+
+    return given if given is not None else default_overlay_dir()
+
 _overlay_src_opt = click.option("--overlay-src", type=click.Path(path_type=Path), envvar="SPARKSTACK_OVERLAY_SRC",
                                 help="Checkout of the overlay's upstream repo at its pinned rev (env SPARKSTACK_OVERLAY_SRC).")
 _platform_opt = click.option("--platform", default="linux/arm64", show_default=True, help="Platform to pick from the base.")
@@ -174,7 +184,8 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
     """Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."""
     from sparkstack.image import build_image, plan_build
 
-    plan = plan_build(base, overlay_dir, overlay_src, out, variant, platform, tuple(extra_steps), allow_unpinned, wheel_dir)
+    plan = plan_build(base, _overlay_dir(overlay_dir), overlay_src, out, variant, platform, tuple(extra_steps),
+                      allow_unpinned, wheel_dir)
     if plan.overlay.unpinned:
         _warn(f"building from unpinned overlay files: {', '.join(plan.overlay.unpinned)}")
     if dry_run:
@@ -182,7 +193,9 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
         if as_json:
             _print_json(doc)
         else:
-            click.echo(f"base: {doc['base']} ({doc['platform']})\nout: {doc['out']}\noverlay: {doc['overlay']['source']}")
+            click.echo(f"base: {doc['base']} ({doc['platform']}), manifest {doc['base_manifest']}")
+            click.echo(f"out: {doc['out']}" + (" (up to date: nothing to do)" if plan.up_to_date else ""))
+            click.echo(f"overlay: {doc['overlay']['source']}")
             for i in doc["installs"]:
                 click.echo(f"  install {i['src']} -> {i['dest']}")
             for st in doc["steps"]:
@@ -206,12 +219,26 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
 @image.command("verify")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--platform", default=None, help="Platform to verify when the image holds several.")
+@click.option("--dry-run", is_flag=True, help="Read the image's documents and list what would be checked; hash no layer.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def image_verify(path, platform, as_json) -> None:
+def image_verify(path, platform, dry_run, as_json) -> None:
     """Re-hash every blob and check every layer's diff_id."""
     from sparkstack.oci.verify import verify_image
 
+    if dry_run:
+        from sparkstack.oci.source import open_image
+
+        src, img = open_image(path, platform)
+        src.close()
+        doc = {"path": str(path), "config_digest": img.config_digest, "manifest_digest": img.manifest_digest,
+               "layers": [{"digest": l.digest, "size": l.size, "diff_id": l.diff_id} for l in img.layers]}
+        if as_json:
+            _print_json(doc)
+        else:
+            click.echo(f"would verify {path}: config {img.config_digest}, {len(img.layers)} layers, "
+                       f"{human_bytes(sum(l.size for l in img.layers))}")
+        return
     with _progress("verifying layers", None) as advance:
         report = verify_image(path, platform, on_progress=advance)
     if as_json:
@@ -233,15 +260,26 @@ def patch() -> None:
 @_platform_opt
 @_steps_opt
 @_unpinned_opt
+@click.option("--dry-run", is_flag=True, help="List the steps and the files they need from the base; read no layer.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unpinned, as_json) -> None:
+def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unpinned, dry_run, as_json) -> None:
     """The drift report: for every step, applied, applicable or drifted. Exit 1 when any step drifted."""
-    from sparkstack.image import drift_report
+    from sparkstack.patch.drift import drift_report
 
+    if dry_run:
+        from sparkstack.patch.engine import needed_paths
+        from sparkstack.patch.overlay import load_overlay
+
+        overlay = load_overlay(_overlay_dir(overlay_dir))
+        steps = overlay.enabled_steps(tuple(extra_steps))
+        doc = {"base": str(base), "steps": [s.name for s in steps], "extract": needed_paths(overlay, steps)}
+        _print_json(doc) if as_json else click.echo(f"would check {', '.join(doc['steps'])} against {base} "
+                                                    f"({len(doc['extract'])} files)")
+        return
     with _progress("reading base layers", None) as advance:
-        reports = drift_report(base, overlay_dir, overlay_src, platform, tuple(extra_steps), allow_unpinned,
-                               on_progress=advance)
+        reports = drift_report(base, _overlay_dir(overlay_dir), overlay_src, platform, tuple(extra_steps),
+                               allow_unpinned, on_progress=advance)
     if as_json:
         _print_json({"steps": [r.to_json() for r in reports]})
     else:
@@ -256,30 +294,44 @@ def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unp
         _fail(f"drifted steps: {', '.join(drifted)}")
 
 
-@main.command()
+@main.group()
+def pin() -> None:
+    """Pin inputs by content: the overlay's files (and, later, the base image's digests)."""
+
+
+@pin.command("overlay")
 @_overlay_opt
-@click.option("--overlay-src", type=click.Path(path_type=Path), envvar="SPARKSTACK_OVERLAY_SRC", required=True)
-@click.option("--wheels", "wheel_dir", type=click.Path(path_type=Path))
+@click.option("--overlay-src", type=click.Path(path_type=Path), envvar="SPARKSTACK_OVERLAY_SRC", required=True,
+              help="Checkout of the overlay's upstream repo at its pinned rev (env SPARKSTACK_OVERLAY_SRC).")
+@click.option("--wheels", "wheel_dir", type=click.Path(path_type=Path), help="Dir holding the variants' wheels.")
+@click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def pin(overlay_dir, overlay_src, wheel_dir, as_json) -> None:
-    """Fill overlay.toml's sha256 fields from the real overlay files (and wheels)."""
-    from sparkstack.image import pin_overlay
+def pin_overlay(overlay_dir, overlay_src, wheel_dir, dry_run, as_json) -> None:
+    """Fill a checkout's overlay.toml sha256 fields from the real overlay files (and wheels)."""
+    from sparkstack.patch.pin import apply_pin, plan_pin
 
-    hashes = pin_overlay(overlay_dir, overlay_src, wheel_dir)
+    plan = plan_pin(_overlay_dir(overlay_dir), overlay_src, wheel_dir)
+    if not dry_run:
+        apply_pin(plan)
     if as_json:
-        _print_json(hashes)
-    else:
-        for rel, sha in hashes.items():
-            click.echo(f"{sha}  {rel}")
+        _print_json({**plan.to_json(), "dry_run": dry_run})
+        return
+    if plan.up_to_date:
+        click.echo(f"up to date: {plan.overlay_toml}")
+        return
+    for ch in plan.changes:
+        click.echo(f"{'would pin' if dry_run else 'pinned'} {ch.file}: {ch.old} -> {ch.new}")
+    if not dry_run:
+        click.echo(f"wrote {plan.overlay_toml}")
 
 
 # ---------------------------------------------------------------- launch / plan kv
 
 @main.command()
 @click.argument("target")
-@click.option("--recipe", default=None, help="Recipe name (under recipes/) or path. Default: glm53-flash-dflash2-nvfp4.")
-@click.option("--dry-run", is_flag=True, help="Print the plan and preflight from local facts; start nothing.")
+@click.option("--recipe", default=None, help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. Default: glm53-flash-dflash2-nvfp4.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and preflight from local facts; start or stop nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--probe", is_flag=True, help="With --dry-run: also ask every rank's docker (over ssh) for image and containers.")
 @click.option("--profile", type=click.Choice(["production", "lab"]), default="production", show_default=True,
@@ -289,83 +341,69 @@ def pin(overlay_dir, overlay_src, wheel_dir, as_json) -> None:
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
 @click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
 @click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
-@click.option("--drop-caches", is_flag=True, help="sync and drop the page cache before launching.")
-@click.option("--min-free-mem-gib", type=float, default=100.0, show_default=True)
-@click.option("--health-interval", type=float, default=10.0, show_default=True, envvar="HEALTH_INTERVAL",
-              help="Seconds between /health polls (env HEALTH_INTERVAL).")
-@click.option("--health-attempts", type=int, default=360, show_default=True, envvar="HEALTH_ATTEMPTS",
-              help="How many /health polls before giving up (env HEALTH_ATTEMPTS).")
-@click.option("--worker-delay", type=float, default=20.0, show_default=True, envvar="WORKER_DELAY",
-              help="Seconds between the workers and the head (env WORKER_DELAY).")
+@click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
+@click.option("--min-free-mem-gib", type=click.FloatRange(min=0), default=100.0, show_default=True)
+@click.option("--health-interval", type=click.FloatRange(min=0, max=3600), default=10.0, show_default=True,
+              envvar="HEALTH_INTERVAL", help="Seconds between /health polls (env HEALTH_INTERVAL).")
+@click.option("--health-attempts", type=click.IntRange(min=1, max=1_000_000), default=360, show_default=True,
+              envvar="HEALTH_ATTEMPTS", help="How many /health polls before giving up (env HEALTH_ATTEMPTS).")
+@click.option("--worker-delay", type=click.FloatRange(min=0, max=3600), default=20.0, show_default=True,
+              envvar="WORKER_DELAY", help="Seconds between the workers and the head (env WORKER_DELAY).")
 @one_line_errors
 def launch(target, recipe, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
            min_free_mem_gib, health_interval, health_attempts, worker_delay) -> None:
     """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
-    import os
-
     from sparkstack.launch import apply as launch_apply
+    from sparkstack.launch import report
     from sparkstack.launch.plan import build_plan
     from sparkstack.launch.preflight import Thresholds, run_preflight, runner_for
     from sparkstack.recipe import load_recipe
 
-    r = load_recipe(recipe)
-    plan = build_plan(r, os.environ, profile)
+    plan = build_plan(load_recipe(recipe), os.environ, profile)
     runners = {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
-    if target in ("stop", "status"):
-        if target == "stop":
-            failures = launch_apply.stop(plan, runners, lambda m: click.echo(m, err=as_json))
-            if failures:
-                _fail("; ".join(failures))
-        else:
-            rows = launch_apply.status(plan, runners)
+    say = functools.partial(click.echo, err=as_json)  # with --json, progress goes to stderr
+    if target == "stop":
+        if dry_run:
+            cmds = launch_apply.stop_commands(plan, runners)
             if as_json:
-                _print_json({"ranks": rows})
+                _print_json({"would_run": [{"rank": r, "on": on, "argv": argv} for r, on, argv in cmds]})
             else:
-                for row in rows:
-                    click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
-        return
-    if target == "all":
-        ranks = [rk.rank for rk in plan.ranks]
-    elif target.isdigit() and int(target) < len(plan.ranks):
-        ranks = [int(target)]
-    else:
-        raise click.UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), all, stop or status; got {target!r}")
-    selected = [rk for rk in plan.ranks if rk.rank in ranks]
-    thresholds = Thresholds(min_free_mem_gib=min_free_mem_gib)
-    checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
-                           dict(os.environ), thresholds, drop=drop_caches and not dry_run)
-    if dry_run:
-        preflight = [c.to_json() for c in checks]
-        if as_json:
-            doc = plan.to_json()
-            if len(selected) == 1:
-                _print_json({**{k: v for k, v in doc.items() if k != "ranks"}, **selected[0].to_json(), "preflight": preflight})
-            else:
-                _print_json({**doc, "preflight": preflight})
+                for r, on, argv in cmds:
+                    click.echo(f"would run on {on} (rank {r}): {' '.join(argv)}")
             return
-        import shlex
-
-        click.echo(f"recipe {r.name} ({r.status}{': ' + r.blocked_reason if r.blocked else ''}), profile {profile}")
-        for c in checks:
-            click.echo(c.line())
-        for rk in selected:
-            where = rk.ssh or "this machine"
-            click.echo(f"\n# rank {rk.rank} on {rk.host} ({where}){' via ' + rk.docker_host if rk.docker_host else ''}")
-            click.echo(shlex.join(rk.docker_run))
-        for note in plan.notes:
-            click.echo(f"note: {note}")
+        failures = launch_apply.stop(plan, runners, say)
+        if failures:
+            _fail("; ".join(failures))
+        return
+    if target == "status":  # read-only: --dry-run changes nothing
+        rows = launch_apply.status(plan, runners)
+        if as_json:
+            _print_json({"ranks": rows})
+        else:
+            for row in rows:
+                click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+        return
+    selected = report.select_ranks(plan, target)
+    checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
+                           dict(os.environ), Thresholds(min_free_mem_gib=min_free_mem_gib))
+    if dry_run:
+        if as_json:
+            _print_json(report.dry_run_document(plan, target, selected, checks, drop_caches))
+        else:
+            for line in report.dry_run_lines(plan, selected, checks, drop_caches):
+                click.echo(line)
         return
     for c in checks:
-        click.echo(c.line(), err=as_json)
-    failed = [c for c in checks if c.status == "fail"]
-    if failed:
-        _fail(f"preflight failed ({len(failed)}): {failed[0].line().strip()}")
-    from sparkstack.launch.apply import LaunchFailed, Timeouts
-
-    timeouts = Timeouts(health_interval_s=health_interval, health_attempts=health_attempts, worker_delay_s=worker_delay)
+        say(c.line())
+    verdict = report.preflight_verdict(checks)
+    if verdict:
+        _fail(verdict)
+    timeouts = launch_apply.Timeouts(health_interval_s=health_interval, health_attempts=health_attempts,
+                                     worker_delay_s=worker_delay)
     try:
-        record, boot = launch_apply.launch(plan, runners, ranks, timeouts, dict(os.environ), lambda m: click.echo(m, err=as_json))
-    except LaunchFailed as exc:
+        record, boot = launch_apply.launch(plan, runners, [r.rank for r in selected], timeouts, dict(os.environ),
+                                           say, drop=drop_caches)
+    except launch_apply.LaunchFailed as exc:
         for rank, text in sorted(exc.logs.items()):
             click.echo(f"--- rank {rank} log (last lines) ---", err=True)
             click.echo(text.rstrip(), err=True)
@@ -383,38 +421,55 @@ def plan_group() -> None:
 
 @plan_group.command("kv")
 @click.option("--recipe", default=None)
-@click.option("--kv-bytes", type=int, default=None, help="KV pool bytes (default: the recipe's KV pin).")
+@click.option("--kv-bytes", type=click.IntRange(min=0), default=None, help="KV pool bytes (default: the recipe's KV pin).")
+@click.option("--dry-run", is_flag=True, help="Accepted for uniformity: plan kv only ever plans.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def plan_kv_cmd(recipe, kv_bytes, as_json) -> None:
+def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
     """Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify."""
-    import os
-
+    from sparkstack.launch.kv import kv_plan
     from sparkstack.launch.plan import build_plan
     from sparkstack.recipe import load_recipe
-    from sparkstack.recipe.kv import plan_kv
 
-    r = load_recipe(recipe)
-    launch_plan = build_plan(r, os.environ)
-    args = list(launch_plan.ranks[0].docker_run)
-    if kv_bytes is None:
-        for flag in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
-            if flag in args:
-                kv_bytes = int(args[args.index(flag) + 1])
-    block = int(args[args.index("--block-size") + 1]) if "--block-size" in args else 16
-    max_len = int(args[args.index("--max-model-len") + 1]) if "--max-model-len" in args else int(launch_plan.knobs["MAX_MODEL_LEN"])
-    kv = plan_kv(r.kv, kv_bytes, max_len, block)
+    kv = kv_plan(build_plan(load_recipe(recipe), os.environ), kv_bytes)
     if as_json:
         _print_json(kv.to_json())
         return
     if kv.tokens is None:
-        click.echo(f"tokens: unknown ({'no KV bytes given' if kv_bytes is None else 'no measured per-token cost'})")
+        click.echo(f"tokens: unknown ({'no KV bytes given' if kv.kv_bytes is None else 'no measured per-token cost'})")
     else:
-        click.echo(f"{kv_bytes:,} B / {kv.per_token_bytes:,.2f} B per token = {kv.tokens:,} tokens "
-                   f"= {kv.coverage:.2f}x max-model-len {max_len:,}")
+        click.echo(f"{kv.kv_bytes:,} B / {kv.per_token_bytes:,.2f} B per token = {kv.tokens:,} tokens "
+                   f"= {kv.coverage:.2f}x max-model-len {kv.max_model_len:,}")
     pu = kv.page_unification
     click.echo(f"page unification: {'ok' if pu.ok else 'unknown' if pu.ok is None else 'FAILS'}: {pu.reason}")
 
 
+def entry() -> None:
+    """The `sparkstack` program: click in non-standalone mode, so that usage errors are one line too."""
+    try:
+        code = main.main(prog_name="sparkstack", standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "sparkstack"
+        click.echo(f"sparkstack: error: {exc.format_message()} (see `{where} --help`)", err=True)
+        sys.exit(2)
+    except click.Abort:
+        click.echo("sparkstack: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        _quiet_closed_pipe()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_closed_pipe()
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _quiet_closed_pipe() -> None:
+    """The reader went away (`sparkstack ... | head`): stop quietly, as coreutils do, with no traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(141)  # 128 + SIGPIPE
+
+
 if __name__ == "__main__":
-    main()
+    entry()

@@ -1,5 +1,6 @@
 """Daemonless, deterministic image builds from a pinned base and a declarative overlay."""
 
-from sparkstack.image.build import BuildPlan, BuildResult, build_image, drift_report, pin_overlay, plan_build
+from sparkstack.image.build import BuildResult, build_image
+from sparkstack.image.plan import BuildPlan, plan_build
 
-__all__ = ["BuildPlan", "BuildResult", "build_image", "drift_report", "pin_overlay", "plan_build"]
+__all__ = ["BuildPlan", "BuildResult", "build_image", "plan_build"]

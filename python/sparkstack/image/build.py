@@ -8,77 +8,23 @@ docker manifest.json that reuse every base layer by digest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import re
-import tarfile
 import tempfile
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.layers import LayerCache
-from sparkstack.oci.rootfs import RootFS
-from sparkstack.oci.source import open_image
-from sparkstack.oci.write import LayerItem, build_layer, image_docs, source_date_epoch, write_output
-from sparkstack.patch.drift import StepReport, check_drift
+from sparkstack.oci.rootfs import RootFS, open_rootfs
+from sparkstack.oci.write import LayerItem, build_layer, image_docs, write_output
+from sparkstack.image.plan import BuildPlan
 from sparkstack.patch.engine import GateResult, StepOutcome, apply_overlay, needed_paths
-from sparkstack.patch.overlay import Overlay, SourceFile, Step, Variant, load_overlay, read_checked
+from sparkstack.patch.overlay import SourceFile, Variant, read_checked
 
 LABEL = "org.sparkstack"
-
-
-@dataclass(frozen=True)
-class BuildPlan:
-    base: Path
-    platform: str
-    overlay: Overlay
-    overlay_src: Path
-    steps: tuple[Step, ...]
-    variant: str
-    wheel_dir: Path | None
-    out: Path
-    allow_unpinned: bool
-    epoch: int
-
-    @property
-    def source_dir(self) -> Path:
-        return self.overlay_src / self.overlay.subdir if (self.overlay_src / self.overlay.subdir).is_dir() else self.overlay_src
-
-    def to_json(self) -> dict:
-        o = self.overlay
-        return {
-            "base": str(self.base), "platform": self.platform, "out": str(self.out), "variant": self.variant,
-            "overlay": {"name": o.name, "source": o.source_label, "dir": str(self.source_dir),
-                        "unpinned": list(o.unpinned)},
-            "installs": [{"src": i.file.path, "dest": f"/{o.vllm_root}/{i.dest}"} for i in o.installs],
-            "steps": [{"name": s.name, "script": s.script.path, "args": list(s.args)} for s in self.steps],
-            "extract": ["/" + p for p in needed_paths(o, self.steps)],
-            "source_date_epoch": self.epoch,
-        }
-
-
-def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Path, variant: str = "plain",
-               platform: str = "linux/arm64", extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
-               wheel_dir: Path | None = None) -> BuildPlan:
-    overlay = load_overlay(overlay_dir)
-    if overlay_src is None:
-        raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
-    if not overlay_src.is_dir():
-        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
-    if variant != "plain" and variant not in overlay.variants:
-        raise SparkstackError(f"{overlay.path}: no variant {variant!r} (have: plain, {', '.join(overlay.variants)})")
-    if variant != "plain" and wheel_dir is None:
-        raise SparkstackError(f"variant {variant} installs wheels: pass --wheels DIR")
-    if overlay.unpinned and not allow_unpinned:
-        raise SparkstackError(f"overlay {overlay.name} is unpinned ({', '.join(overlay.unpinned)}); "
-                              "run `sparkstack pin --overlay-src DIR` or pass --allow-unpinned")
-    return BuildPlan(base, platform, overlay, overlay_src, overlay.enabled_steps(extra_steps), variant, wheel_dir,
-                     out, allow_unpinned, source_date_epoch())
 
 
 @dataclass(frozen=True)
@@ -124,24 +70,20 @@ def _labels(plan: BuildPlan, base_config: str) -> dict[str, str]:
     return labels
 
 
-def open_rootfs(base: Path, platform: str, paths: list[str], cache: LayerCache | None,
-                on_progress: Callable[[int], None] | None):
-    src, image = open_image(base, platform)
-    rootfs = RootFS(src, image, cache, on_progress)
-    wanted = set(paths)
-    rootfs.index(wanted.__contains__)
-    return src, image, rootfs
-
-
 def build_image(plan: BuildPlan, cache: LayerCache | None = None,
                 on_progress: Callable[[int], None] | None = None) -> BuildResult:
+    if plan.existing is not None:  # decided by the plan: same fingerprint, and the output is complete
+        e = plan.existing
+        return BuildResult(plan.out, e.name, e.config_digest, e.manifest_digest, e.layer_digest,
+                           plan.base_config_digest, (), (), (), True)
     o = plan.overlay
     paths = needed_paths(o, plan.steps)
     src, image, rootfs = open_rootfs(plan.base, plan.platform, paths, cache, on_progress)
     try:
+        if image.manifest_digest != plan.base_manifest_digest:
+            raise SparkstackError(f"{plan.base}: the base changed since it was planned; run again")
         base_files = rootfs.read_files(paths)
-        plan.out.absolute().parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".sparkstack-build-", dir=plan.out.absolute().parent) as tmp:
+        with tempfile.TemporaryDirectory(prefix="sparkstack-build-") as tmp:
             work = Path(tmp)
             patched = apply_overlay(base_files, o, plan.steps, plan.source_dir, work / "patch", plan.allow_unpinned)
             # Write each file where the container would find it: through the base's symlinks.
@@ -151,31 +93,13 @@ def build_image(plan: BuildPlan, cache: LayerCache | None = None,
             built = build_layer(items, work, plan.epoch)
             docs = image_docs(image, built.layer, _labels(plan, image.config_digest),
                               f"sparkstack image build: overlay {o.name} ({o.source_label}), variant {plan.variant}",
-                              o.image_name, plan.variant, plan.epoch)
-            fresh = _already_built(plan.out, docs.index)
-            if not fresh:
-                write_output(plan.out, docs, src, built, plan.epoch)
+                              o.image_name, plan.variant, plan.epoch, plan.marker.annotations())
+            write_output(plan.out, docs, src, built, plan.epoch, plan.marker.to_bytes())
     finally:
         src.close()
     return BuildResult(plan.out, docs.name, docs.config_digest, docs.manifest_digest, built.layer.digest,
                        image.config_digest, tuple(sorted(i.path for i in items)), patched.steps, patched.gates,
-                       fresh, dict(rootfs.cache.stats))
-
-
-def _already_built(out: Path, index: bytes) -> bool:
-    if out.is_dir():
-        try:
-            return (out / "index.json").read_bytes() == index
-        except OSError:
-            return False
-    if out.is_file():
-        try:
-            with tarfile.open(out, "r:") as tar:
-                f = tar.extractfile("index.json")
-                return f is not None and f.read() == index
-        except (tarfile.TarError, KeyError, OSError):
-            return False
-    return False
+                       False, dict(rootfs.cache.stats))
 
 
 _WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
@@ -248,50 +172,3 @@ def _superseded(rootfs: RootFS, site_rel: str, new_dists: dict[str, str], instal
             whiteouts.append(LayerItem(full, "whiteout"))
         whiteouts.append(LayerItem(f"{site_rel}/{name}", "whiteout"))
     return whiteouts
-
-
-def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platform: str = "linux/arm64",
-                 extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
-                 cache: LayerCache | None = None, on_progress=None) -> tuple[StepReport, ...]:
-    plan = plan_build(base, overlay_dir, overlay_src, Path("unused"), platform=platform, extra_steps=extra_steps,
-                      allow_unpinned=allow_unpinned)
-    paths = needed_paths(plan.overlay, plan.steps)
-    src, _, rootfs = open_rootfs(base, platform, paths, cache, on_progress)
-    try:
-        base_files = rootfs.read_files(paths)
-    finally:
-        src.close()
-    return check_drift(base_files, plan.overlay, plan.steps, plan.source_dir, allow_unpinned)
-
-
-def pin_overlay(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None) -> dict[str, str]:
-    """Fill every sha256 in overlay.toml from the real files. Returns {file: sha256} of what was written."""
-    overlay = load_overlay(overlay_dir)
-    src = overlay_src / overlay.subdir if (overlay_src / overlay.subdir).is_dir() else overlay_src
-    files = {i.file.path: src / i.file.path for i in overlay.installs}
-    files.update({s.script.path: src / s.script.path for s in overlay.steps})
-    if wheel_dir is not None:
-        files.update({w.file: wheel_dir / w.file for v in overlay.variants.values() for w in v.wheels})
-    hashes = {}
-    for rel, path in files.items():
-        if not path.is_file():
-            raise SparkstackError(f"{path}: missing; cannot pin {rel}")
-        hashes[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    text = overlay.path.read_text()
-    lines = text.splitlines(keepends=True)
-    current = None
-    for i, line in enumerate(lines):
-        m = re.match(r'\s*(src|script|file)\s*=\s*"([^"]+)"', line)
-        if m:
-            current = m.group(2)
-        m = re.match(r'(\s*sha256\s*=\s*)"([^"]*)"', line)
-        if m and current in hashes:
-            lines[i] = f'{m.group(1)}"{hashes[current]}"\n'
-    new_text = "".join(lines)
-    try:
-        tomllib.loads(new_text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SparkstackError(f"{overlay.path}: pinning would break the file ({exc}); nothing written") from None
-    fsio.write_atomic(overlay.path, new_text.encode())
-    return hashes
-

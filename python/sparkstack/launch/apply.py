@@ -96,10 +96,29 @@ def all_logs(plan: LaunchPlan, runners: dict[int, Runner], tail: int) -> dict[in
     return {r.rank: _logs(runners[r.rank], r.name, tail) for r in plan.ranks}
 
 
-def start_rank(rank: RankPlan, runner: Runner, env: dict) -> None:
-    proc = runner.run(_docker_run(rank, runner), timeout=300, env=env)
+def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
+    """Start one rank's container; returns the docker argv that ran (a remote `~` expanded)."""
+    argv = _docker_run(rank, runner)
+    proc = runner.run(argv, timeout=300, env=env)
     if proc.returncode != 0:
         raise LaunchFailed(f"rank {rank.rank} did not start on {runner.label}: {failure_line(proc)}", {})
+    return argv
+
+
+DROP_CACHES = (("sync",), ("sysctl", "-w", "vm.drop_caches=3"))
+
+
+def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
+                on_event: Callable[[str], None]) -> None:
+    """sync and drop the page cache on every rank being started (FACTS.md §3 does it on both nodes):
+    on unified memory, the page cache counts against the GPU's free memory at engine start."""
+    for rank in ranks:
+        runner = runners[rank]
+        for argv in DROP_CACHES:
+            proc = runner.run(list(argv), timeout=300)
+            if proc.returncode != 0:
+                raise LaunchFailed(f"rank {rank}: `{' '.join(argv)}` failed on {runner.label}: {failure_line(proc)}", {})
+        on_event(f"rank {rank}: page cache dropped on {runner.label}")
 
 
 def wait_running(rank: RankPlan, runner: Runner, t: Timeouts) -> None:
@@ -195,13 +214,14 @@ def state_dir() -> Path:
     return Path(base) / "runs"
 
 
-def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ranks: list[int]) -> Path:
+def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[int, list[str]]) -> Path:
+    """`ran` is the argv each started rank really ran (after a remote `~` was expanded)."""
     rid = run_id(plan, image_id)
     record = {
         "id": rid, "recipe": plan.recipe.name, "image": plan.image, "image_id": image_id,
         "model_revision": plan.model_revision, "drafter_revision": plan.drafter_revision,
-        "ranks": [{"rank": r.rank, "host": r.host, "name": r.name, "docker_run": list(r.docker_run)}
-                  for r in plan.ranks if r.rank in ranks],
+        "ranks": [{"rank": r.rank, "host": r.host, "name": r.name, "docker_run": ran[r.rank]}
+                  for r in plan.ranks if r.rank in ran],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "boot": None if boot is None else {"port_open_s": boot.port_open_s, "health_s": boot.health_s,
                                            "ttft_s": boot.ttft_s, "seen_lines": boot.seen_lines},
@@ -223,12 +243,15 @@ def latest_record() -> dict | None:
 
 
 def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Timeouts, environ: dict,
-           on_event: Callable[[str], None]) -> tuple[Path, Boot | None]:
+           on_event: Callable[[str], None], drop: bool = False) -> tuple[Path, Boot | None]:
     """Start `ranks` (workers first, then the head) and, when the head is among them, wait for readiness."""
     env = dict(environ)
+    if drop:
+        drop_caches(plan, runners, ranks, on_event)
+    ran: dict[int, list[str]] = {}
     for rank in sorted((r for r in plan.ranks if r.rank in ranks and r.rank != 0), key=lambda r: r.rank):
         on_event(f"starting rank {rank.rank} on {runners[rank.rank].label}")
-        start_rank(rank, runners[rank.rank], env)
+        ran[rank.rank] = start_rank(rank, runners[rank.rank], env)
         wait_running(rank, runners[rank.rank], t)
         on_event(f"rank {rank.rank} running")
     boot = None
@@ -237,18 +260,24 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
             on_event(f"waiting {t.worker_delay_s:g} s before the head")
             time.sleep(t.worker_delay_s)
         on_event("starting rank 0 (head)")
-        start_rank(plan.ranks[0], runners[0], env)
+        ran[0] = start_rank(plan.ranks[0], runners[0], env)
         boot = watch_boot(plan, runners, t, environ.get("VLLM_API_KEY"), on_event)
     proc = runners[ranks[0]].run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
     image_id = proc.stdout.strip() if proc.returncode == 0 else "unknown"
-    return write_record(plan, image_id, boot, ranks), boot
+    return write_record(plan, image_id, boot, ran), boot
+
+
+def stop_commands(plan: LaunchPlan, runners: dict[int, Runner]) -> list[tuple[int, str, list[str]]]:
+    """What `stop` runs, as data: (rank, where, argv), head first, then the workers over the management network."""
+    return [(rank.rank, runners[rank.rank].label, runners[rank.rank].docker("rm", "-f", rank.name)) for rank in plan.ranks]
 
 
 def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str], None]) -> list[str]:
-    """Head first, then workers (over the management network). Returns the failures."""
+    """Carry out stop_commands. Returns the failures."""
     failures = []
-    for rank in plan.ranks:
-        proc = runners[rank.rank].run_docker("rm", "-f", rank.name, timeout=60)
+    for rank_no, _, argv in stop_commands(plan, runners):
+        rank = plan.ranks[rank_no]
+        proc = runners[rank_no].run(argv, timeout=60)
         if proc.returncode == 0 or "No such container" in (proc.stderr or ""):
             on_event(f"rank {rank.rank}: {rank.name} removed" if proc.returncode == 0 else f"rank {rank.rank}: {rank.name} was not running")
         else:

@@ -8,7 +8,6 @@ given for it (apply, or `--probe`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import struct
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from sparkstack.hfcache import snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.recipe.kv import plan_kv
+from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
 
 GIB = 1 << 30
@@ -219,13 +218,7 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
 
 
 def kv_check(plan: LaunchPlan) -> Check:
-    args = list(plan.ranks[0].docker_run)
-    block = int(args[args.index("--block-size") + 1]) if "--block-size" in args else 16
-    kv_bytes = None
-    for flag in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
-        if flag in args:
-            kv_bytes = int(args[args.index(flag) + 1])
-    kv = plan_kv(plan.recipe.kv, kv_bytes, int(plan.knobs["MAX_MODEL_LEN"]), block)
+    kv = kv_plan(plan)
     if kv.page_unification.ok is False:
         return Check("kv-plan", "fail", f"KV pages do not unify: {kv.page_unification.reason}")
     if kv.tokens is None:
@@ -278,20 +271,10 @@ def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
     return out
 
 
-def drop_caches(host_root: Path) -> Check:
-    try:
-        os.sync()
-        (host_root / "proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as exc:
-        return Check("drop-caches", "fail", f"cannot drop caches: {exc.strerror or exc}")
-    return Check("drop-caches", "pass", "page cache dropped")
-
-
 def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] | None, force: bool, gates: bool,
                   environ: dict, thresholds: Thresholds = Thresholds(),
-                  drop: bool = False, on_check: Callable[[Check], None] | None = None) -> list[Check]:
-    checks = [drop_caches(host_root)] if drop else []
-    checks += local_checks(plan, host_root, force, environ, thresholds)
+                  on_check: Callable[[Check], None] | None = None) -> list[Check]:
+    checks = local_checks(plan, host_root, force, environ, thresholds)
     if runners is not None:
         checks += docker_checks(plan, runners, gates)
     else:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.layers import Entry, LayerCache, LayerIndex, safe_member_path, scan_layer
 from sparkstack.oci.model import Image
-from sparkstack.oci.source import BlobSource
+from sparkstack.oci.source import BlobSource, open_image
 
 MAX_LINK_HOPS = 40
 
@@ -117,3 +117,17 @@ class RootFS:
         if e.kind != "file":
             raise SparkstackError(f"{self.src.label}: {path} is a {e.kind}, not a regular file")
         return hit
+
+
+def open_rootfs(path, platform: str | None, paths: list[str], cache: LayerCache | None = None,
+                on_progress: Callable[[int], None] | None = None) -> tuple[BlobSource, Image, RootFS]:
+    """Open an image and index its layers, capturing the contents of `paths` on the way. The caller closes the source."""
+    src, image = open_image(path, platform)
+    try:
+        rootfs = RootFS(src, image, cache, on_progress)
+        wanted = set(paths)
+        rootfs.index(wanted.__contains__)
+    except BaseException:
+        src.close()
+        raise
+    return src, image, rootfs

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from sparkstack import fsio
+from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import (
     CONTAINERD_NAME, INDEX_V1, LAYER_GZIP, MANIFEST_V1, OPAQUE, REF_NAME, WHITEOUT, Image, Layer, canonical_json,
@@ -154,8 +154,11 @@ class ImageDocs:
 
 
 def image_docs(base: Image, new_layer: Layer, labels: dict[str, str], created_by: str, repo: str, tag_prefix: str,
-               epoch: int) -> ImageDocs:
-    """The new image's documents. Its tag is `<tag_prefix>-<first 12 hex of the config digest>`."""
+               epoch: int, index_annotations: dict[str, str]) -> ImageDocs:
+    """The new image's documents. Its tag is `<tag_prefix>-<first 12 hex of the config digest>`.
+
+    `index_annotations` go on index.json itself (who wrote the output, from which inputs); they
+    change neither the manifest nor the config, so the image's identity does not depend on them."""
     config = canonical_json(derive_config(base.config, new_layer, labels, created_by, epoch))
     config_digest = sha256_digest(config)
     tag = f"{tag_prefix}-{digest_hex(config_digest)[:12]}"
@@ -170,6 +173,7 @@ def image_docs(base: Image, new_layer: Layer, labels: dict[str, str], created_by
         "mediaType": INDEX_V1,
         "manifests": [{"mediaType": MANIFEST_V1, "digest": manifest_digest, "size": len(manifest),
                        "platform": platform, "annotations": {REF_NAME: tag, CONTAINERD_NAME: name}}],
+        **({"annotations": dict(index_annotations)} if index_annotations else {}),
     })
     docker = canonical_json([{
         "Config": f"blobs/sha256/{digest_hex(config_digest)}",
@@ -182,10 +186,12 @@ def image_docs(base: Image, new_layer: Layer, labels: dict[str, str], created_by
 OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
 
-def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltLayer, epoch: int) -> str:
+def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltLayer, epoch: int,
+                 marker: bytes) -> str:
     """Write the image as an OCI layout dir (base blobs hardlinked) or, for *.tar, one archive.
 
-    Returns "dir" or "tar". Both are published atomically.
+    A dir also gets `marker` as `.sparkstack/output.json` (a tar carries it in index.json's
+    annotations). Returns "dir" or "tar". Both are published atomically.
     """
     small = {
         "oci-layout": OCI_LAYOUT,
@@ -203,7 +209,9 @@ def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltL
         blobs.mkdir(parents=True)
         for name, data in small.items():
             fsio.write_durable(stage / name, data)
-        os.link(built.blob, blobs / digest_hex(built.layer.digest))
+        (stage / outputs.MARKER).parent.mkdir()
+        fsio.write_durable(stage / outputs.MARKER, marker)
+        fsio.link_or_copy(built.blob, blobs / digest_hex(built.layer.digest))
         for layer in base_layers:
             dest = blobs / digest_hex(layer.digest)
             if dest.exists():
@@ -213,7 +221,7 @@ def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltL
                 fsio.link_or_copy(path.resolve(), dest)
             else:
                 _copy_blob(base_src, layer, dest)
-        for d in (blobs, blobs.parent, stage):
+        for d in (blobs, blobs.parent, (stage / outputs.MARKER).parent, stage):
             fsio.fsync_dir(d)
         fsio.replace_dir(stage, out.absolute())
     return "dir"

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError
-from sparkstack.patch.engine import last_line, lay_out, run_step, snapshot, step_argv
-from sparkstack.patch.overlay import Overlay, Step, read_checked
+from sparkstack.oci.layers import LayerCache
+from sparkstack.oci.rootfs import open_rootfs
+from sparkstack.patch.engine import last_line, lay_out, needed_paths, overlay_source_dir, run_step, snapshot, step_argv
+from sparkstack.patch.overlay import Overlay, Step, load_overlay, read_checked
 
 Edit = tuple[str, str, str]  # marker, anchor, replacement
 
@@ -192,3 +194,22 @@ def _dry_run_report(base_files, overlay: Overlay, step: Step, script: bytes) -> 
         changed = snapshot(scratch) != before
         return StepReport(step.name, "applicable" if changed else "applied", "dry-run", (),
                           "script ran cleanly on a scratch copy" + ("" if changed else " and changed nothing"))
+
+
+def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platform: str = "linux/arm64",
+                 extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
+                 cache: LayerCache | None = None, on_progress=None) -> tuple[StepReport, ...]:
+    """`patch check`: read the files the steps touch from the base, then judge every step against them."""
+    overlay = load_overlay(overlay_dir)
+    if overlay_src is None:
+        raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
+    if not overlay_src.is_dir():
+        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
+    steps = overlay.enabled_steps(extra_steps)
+    paths = needed_paths(overlay, steps)
+    src, _, rootfs = open_rootfs(base, platform, paths, cache, on_progress)
+    try:
+        base_files = rootfs.read_files(paths)
+    finally:
+        src.close()
+    return check_drift(base_files, overlay, steps, overlay_source_dir(overlay, overlay_src), allow_unpinned)

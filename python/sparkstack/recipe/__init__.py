@@ -6,12 +6,12 @@ touches the host.
 
 from __future__ import annotations
 
-import os
 import shlex
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack import shipped
 from sparkstack.errors import SparkstackError
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
@@ -144,20 +144,11 @@ def find_recipe(name_or_path: str | None) -> Path:
         return p
     if p.is_dir() and (p / "recipe.toml").is_file():
         return p / "recipe.toml"
-    for base in recipe_dirs():
+    for base in shipped.recipe_dirs():
         candidate = base / value / "recipe.toml"
         if candidate.is_file():
             return candidate
-    raise SparkstackError(f"no recipe {value!r} (looked in {', '.join(str(b) for b in recipe_dirs())})")
-
-
-def recipe_dirs() -> list[Path]:
-    dirs = []
-    if os.environ.get("SPARKSTACK_RECIPES"):
-        dirs.append(Path(os.environ["SPARKSTACK_RECIPES"]))
-    dirs.append(Path.cwd() / "recipes")
-    dirs.append(Path(__file__).resolve().parents[3] / "recipes")  # a source checkout (editable install)
-    return dirs
+    raise SparkstackError(f"no recipe {value!r} (looked in {', '.join(str(b) for b in shipped.recipe_dirs()) or 'nowhere: no checkout and no shipped recipes'})")
 
 
 def load_recipe(name_or_path: str | None = None) -> Recipe:

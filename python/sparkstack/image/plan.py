@@ -1,0 +1,193 @@
+"""The image build plan: everything `image build` will do, decided before a base layer byte is read.
+
+The plan opens only the base's small documents (index, manifest, config), hashes
+the overlay's inputs into one fingerprint, and compares it with the fingerprint
+recorded by the previous output at --out. "Up to date" is decided here, and only
+when that output is also complete: every blob present, at its size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack import __version__, fsio, outputs
+from sparkstack.errors import SparkstackError
+from sparkstack.oci.model import CONTAINERD_NAME
+from sparkstack.oci.source import open_image
+from sparkstack.oci.write import source_date_epoch
+from sparkstack.patch.engine import needed_paths, overlay_source_dir
+from sparkstack.patch.overlay import Overlay, Step, load_overlay
+
+COMMAND = "sparkstack image build"
+# Bump when the same inputs would give a different image, so old outputs stop counting as up to date.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ExistingOutput:
+    """The image already at --out, as its own documents describe it."""
+
+    name: str
+    config_digest: str
+    manifest_digest: str
+    layer_digest: str
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    base: Path
+    platform: str
+    base_manifest_digest: str
+    base_config_digest: str
+    overlay: Overlay
+    overlay_src: Path
+    steps: tuple[Step, ...]
+    variant: str
+    wheel_dir: Path | None
+    out: Path
+    allow_unpinned: bool
+    epoch: int
+    fingerprint: str
+    existing: ExistingOutput | None  # set only when the output at --out is this plan's, complete
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.existing is not None
+
+    @property
+    def source_dir(self) -> Path:
+        return overlay_source_dir(self.overlay, self.overlay_src)
+
+    @property
+    def marker(self) -> outputs.OutputMarker:
+        return outputs.OutputMarker(COMMAND, self.fingerprint)
+
+    def to_json(self) -> dict:
+        o = self.overlay
+        return {
+            "base": str(self.base), "platform": self.platform, "base_manifest": self.base_manifest_digest,
+            "base_config": self.base_config_digest, "out": str(self.out), "variant": self.variant,
+            "overlay": {"name": o.name, "source": o.source_label, "dir": str(self.source_dir),
+                        "unpinned": list(o.unpinned)},
+            "installs": [{"src": i.file.path, "dest": f"/{o.vllm_root}/{i.dest}"} for i in o.installs],
+            "steps": [{"name": s.name, "script": s.script.path, "args": list(s.args)} for s in self.steps],
+            "extract": ["/" + p for p in needed_paths(o, self.steps)],
+            "source_date_epoch": self.epoch, "fingerprint": self.fingerprint, "up_to_date": self.up_to_date,
+        }
+
+
+def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Path, variant: str = "plain",
+               platform: str = "linux/arm64", extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
+               wheel_dir: Path | None = None) -> BuildPlan:
+    overlay = load_overlay(overlay_dir)
+    if overlay_src is None:
+        raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
+    if not overlay_src.is_dir():
+        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
+    if variant != "plain" and variant not in overlay.variants:
+        raise SparkstackError(f"{overlay.path}: no variant {variant!r} (have: plain, {', '.join(overlay.variants)})")
+    if variant != "plain" and wheel_dir is None:
+        raise SparkstackError(f"variant {variant} installs wheels: pass --wheels DIR")
+    if overlay.unpinned and not allow_unpinned:
+        raise SparkstackError(f"overlay {overlay.name} is unpinned ({', '.join(overlay.unpinned)}); "
+                              "run `sparkstack pin overlay --overlay-src DIR` or pass --allow-unpinned")
+    previous = claim_output(out)
+    src, image = open_image(base, platform)
+    src.close()
+    steps = overlay.enabled_steps(extra_steps)
+    epoch = source_date_epoch()
+    inputs = _input_hashes(overlay, overlay_source_dir(overlay, overlay_src), steps, variant, wheel_dir)
+    fingerprint = _fingerprint(image.manifest_digest, platform, overlay, steps, variant, inputs, epoch)
+    existing = None
+    if previous is not None and previous.fingerprint == fingerprint:
+        existing = complete_output(out)
+    return BuildPlan(base, platform, image.manifest_digest, image.config_digest, overlay, overlay_src, steps, variant,
+                     wheel_dir, out, allow_unpinned, epoch, fingerprint, existing)
+
+
+def _input_hashes(overlay: Overlay, source_dir: Path, steps: tuple[Step, ...], variant: str,
+                  wheel_dir: Path | None) -> dict[str, str]:
+    """sha256 of every file the build will read from the overlay source and the wheel dir, as they are now."""
+    files = {f"src/{i.file.path}": source_dir / i.file.path for i in overlay.installs}
+    files.update({f"src/{s.script.path}": source_dir / s.script.path for s in steps})
+    if variant != "plain":
+        files.update({f"wheels/{w.file}": wheel_dir / w.file for w in overlay.variants[variant].wheels})
+    hashes = {}
+    for label, path in sorted(files.items()):
+        if not path.is_file():
+            raise SparkstackError(f"{path}: overlay input is missing")
+        hashes[label] = fsio.sha256_file(path)
+    return hashes
+
+
+def _fingerprint(base_manifest: str, platform: str, overlay: Overlay, steps: tuple[Step, ...], variant: str,
+                 inputs: dict[str, str], epoch: int) -> str:
+    doc = {
+        "format": FORMAT_VERSION, "tool": __version__, "base_manifest": base_manifest, "platform": platform,
+        "overlay_toml": fsio.sha256_file(overlay.path), "steps": [s.name for s in steps], "variant": variant,
+        "inputs": inputs, "epoch": epoch,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- the output at --out
+
+
+def is_archive(out: Path) -> bool:
+    return out.name.endswith(".tar")
+
+
+def claim_output(out: Path) -> outputs.OutputMarker | None:
+    """Refuse an --out sparkstack did not write; return the previous build's marker, if any."""
+    if is_archive(out):
+        return outputs.claim_file(out, COMMAND, archive_marker)
+    return outputs.claim_dir(out, COMMAND)
+
+
+def _output_index(out: Path) -> dict | None:
+    try:
+        if is_archive(out):
+            with tarfile.open(out, "r:") as tar:
+                member = tar.extractfile("index.json")
+                raw = member.read() if member is not None else b""
+        else:
+            raw = (out / "index.json").read_bytes()
+        doc = json.loads(raw)
+    except (OSError, KeyError, tarfile.TarError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def archive_marker(out: Path) -> outputs.OutputMarker | None:
+    """A .tar output's marker: the annotations of its index.json."""
+    index = _output_index(out)
+    return outputs.marker_from_annotations(index.get("annotations")) if index else None
+
+
+def complete_output(out: Path) -> ExistingOutput | None:
+    """The image at `out` when every blob its documents name is present at its declared size; else None."""
+    index = _output_index(out)
+    if index is None:
+        return None
+    try:
+        src, image = open_image(out, None)
+    except SparkstackError:
+        return None
+    try:
+        for layer in image.layers:
+            with src.open_blob(layer.digest) as f:
+                if f.seek(0, 2) != layer.size:
+                    return None
+    except (SparkstackError, OSError):
+        return None
+    finally:
+        src.close()
+    try:
+        name = index["manifests"][0]["annotations"][CONTAINERD_NAME]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return ExistingOutput(name, image.config_digest, image.manifest_digest, image.layers[-1].digest)

@@ -1,0 +1,53 @@
+"""What `launch` shows before it acts: which ranks a TARGET names, the dry-run document, the preflight verdict."""
+
+from __future__ import annotations
+
+import shlex
+
+from sparkstack.errors import UsageError
+from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.launch.preflight import Check
+
+ACTIONS = ("all", "stop", "status")
+
+
+def select_ranks(plan: LaunchPlan, target: str) -> list[RankPlan]:
+    """The ranks a launch TARGET names: one rank number, or `all`."""
+    if target == "all":
+        return list(plan.ranks)
+    if target.isascii() and target.isdigit() and int(target) < len(plan.ranks):
+        return [plan.ranks[int(target)]]
+    raise UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), {', '.join(ACTIONS)}; got {target!r}")
+
+
+def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],
+                     drop_caches: bool) -> dict:
+    """`launch --dry-run --json`: one rank prints its own object (with `docker_run`); `all` always prints `ranks`."""
+    doc = plan.to_json()
+    extra = {"preflight": [c.to_json() for c in checks],
+             "would_drop_caches_on": [r.rank for r in selected] if drop_caches else []}
+    if target == "all":
+        return {**doc, "ranks": [r.to_json() for r in selected], **extra}
+    return {**{k: v for k, v in doc.items() if k != "ranks"}, **selected[0].to_json(), **extra}
+
+
+def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check], drop_caches: bool) -> list[str]:
+    r = plan.recipe
+    lines = [f"recipe {r.name} ({r.status}{': ' + r.blocked_reason if r.blocked else ''}), profile {plan.profile}"]
+    lines += [c.line() for c in checks]
+    if drop_caches:
+        lines.append(f"would drop the page cache on rank(s) {', '.join(str(rk.rank) for rk in selected)}")
+    for rk in selected:
+        where = rk.ssh or "this machine"
+        lines.append(f"\n# rank {rk.rank} on {rk.host} ({where}){' via ' + rk.docker_host if rk.docker_host else ''}")
+        lines.append(shlex.join(rk.docker_run))
+    lines += [f"note: {note}" for note in plan.notes]
+    return lines
+
+
+def preflight_verdict(checks: list[Check]) -> str | None:
+    """None when launch may go on; else the one line that says why not."""
+    failed = [c for c in checks if c.status == "fail"]
+    if not failed:
+        return None
+    return f"preflight failed ({len(failed)}): {failed[0].line().strip()}"

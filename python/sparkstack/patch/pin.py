@@ -1,0 +1,135 @@
+"""`pin overlay`: fill overlay.toml's sha256 fields from the real overlay files (and wheels).
+
+The plan hashes the files and lists every field that would change. Apply edits
+the TOML through tomlkit, so comments and layout stay as they are, then reloads
+the result and checks that each hash landed on its own file before the atomic
+replace. It writes only a checkout's overlay.toml: never an installed copy in
+site-packages or the Nix store.
+"""
+
+from __future__ import annotations
+
+import site
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomlkit
+
+from sparkstack import fsio
+from sparkstack.errors import SparkstackError
+from sparkstack.patch.engine import overlay_source_dir
+from sparkstack.patch.overlay import load_overlay
+
+
+@dataclass(frozen=True)
+class PinChange:
+    table: str  # "install", "steps" or "variants.<name>.wheels"
+    position: int  # index in that array of tables
+    file: str  # the `src`, `script` or `file` the hash belongs to
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class PinPlan:
+    overlay_toml: Path
+    hashes: tuple[tuple[str, str], ...]  # (file, sha256) of every file pinned
+    changes: tuple[PinChange, ...]
+
+    @property
+    def up_to_date(self) -> bool:
+        return not self.changes
+
+    def to_json(self) -> dict:
+        return {"overlay": str(self.overlay_toml), "up_to_date": self.up_to_date,
+                "hashes": dict(self.hashes),
+                "changes": [{"table": c.table, "position": c.position, "file": c.file, "old": c.old, "new": c.new}
+                            for c in self.changes]}
+
+
+def _installed_roots() -> list[Path]:
+    roots = {Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib"))}
+    roots |= {Path(p).resolve() for p in site.getsitepackages()}
+    roots.add(Path("/nix/store"))
+    return sorted(roots)
+
+
+def _refuse_installed_copy(path: Path) -> None:
+    real = path.resolve()
+    for root in _installed_roots():
+        if real.is_relative_to(root):
+            raise SparkstackError(f"{real}: is an installed copy (under {root}); pin a checkout's overlay.toml "
+                                  "instead: run from the checkout or pass --overlay DIR")
+
+
+def _entries(doc) -> list[tuple[str, int, str, object]]:
+    """(table, position, file, table item) for every sha256 field of overlay.toml, in file order."""
+    out = []
+    for key, name_key in (("install", "src"), ("steps", "script")):
+        for i, t in enumerate(doc.get(key, [])):
+            out.append((key, i, t[name_key], t))
+    for vname, variant in doc.get("variants", {}).items():
+        for i, w in enumerate(variant.get("wheels", [])):
+            out.append((f"variants.{vname}.wheels", i, w["file"], w))
+    return out
+
+
+def plan_pin(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None) -> PinPlan:
+    overlay = load_overlay(overlay_dir)  # validates every key and path first
+    _refuse_installed_copy(overlay.path)
+    if not overlay_src.is_dir():
+        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
+    src = overlay_source_dir(overlay, overlay_src)
+    files = {i.file.path: src / i.file.path for i in overlay.installs}
+    files.update({s.script.path: src / s.script.path for s in overlay.steps})
+    if wheel_dir is not None:
+        files.update({w.file: wheel_dir / w.file for v in overlay.variants.values() for w in v.wheels})
+    hashes = {}
+    for rel, path in files.items():
+        if not path.is_file():
+            raise SparkstackError(f"{path}: missing; cannot pin {rel}")
+        hashes[rel] = fsio.sha256_file(path)
+    doc = tomlkit.parse(overlay.path.read_text(encoding="utf-8"))
+    changes = tuple(PinChange(table, i, file, str(item["sha256"]), hashes[file])
+                    for table, i, file, item in _entries(doc)
+                    if file in hashes and str(item["sha256"]) != hashes[file])
+    return PinPlan(overlay.path, tuple(sorted(hashes.items())), changes)
+
+
+def apply_pin(plan: PinPlan) -> None:
+    if plan.up_to_date:
+        return
+    text = plan.overlay_toml.read_text(encoding="utf-8")
+    doc = tomlkit.parse(text)
+    want = {(c.table, c.position): c for c in plan.changes}
+    for table, i, file, item in _entries(doc):
+        change = want.get((table, i))
+        if change is None:
+            continue
+        if file != change.file or str(item["sha256"]) != change.old:
+            raise SparkstackError(f"{plan.overlay_toml}: changed since it was planned; run again")
+        item["sha256"] = change.new
+    new_text = tomlkit.dumps(doc)
+    _check_landed(plan, new_text)
+    fsio.write_atomic(plan.overlay_toml, new_text.encode("utf-8"))
+
+
+def _check_landed(plan: PinPlan, new_text: str) -> None:
+    """Every changed hash sits on its own file's table, and nothing but sha256 values changed."""
+    before = tomlkit.parse(plan.overlay_toml.read_text(encoding="utf-8")).unwrap()
+    after = tomlkit.parse(new_text).unwrap()
+    got = {(t, i): (f, str(item["sha256"])) for t, i, f, item in _entries(tomlkit.parse(new_text))}
+    for c in plan.changes:
+        if got.get((c.table, c.position)) != (c.file, c.new):
+            raise SparkstackError(f"{plan.overlay_toml}: the hash for {c.file} did not land on its own entry; nothing written")
+
+    def without_hashes(doc):
+        if isinstance(doc, dict):
+            return {k: without_hashes(v) for k, v in doc.items() if k != "sha256"}
+        if isinstance(doc, list):
+            return [without_hashes(v) for v in doc]
+        return doc
+
+    if without_hashes(before) != without_hashes(after):
+        raise SparkstackError(f"{plan.overlay_toml}: pinning would change more than sha256 fields; nothing written")
