@@ -129,6 +129,17 @@ def snapshot_link_target(relpath: str, blob: str) -> str:
     return "../" * (2 + depth) + "blobs/" + blob
 
 
+# ---------------------------------------------------------------- paths inside an entry
+
+
+def snapshot_dir(entry: Path, revision: str) -> Path:
+    return entry / "snapshots" / revision
+
+
+def blobs_dir(entry: Path) -> Path:
+    return entry / "blobs"
+
+
 # ---------------------------------------------------------------- refs
 
 
@@ -176,7 +187,7 @@ def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
         revision = read_ref(entry)
         if revision is None:
             return SnapshotState(entry, None, False, f"{entry}/refs/main is missing")
-    snap = entry / "snapshots" / revision
+    snap = snapshot_dir(entry, revision)
     if not snap.is_dir():
         return SnapshotState(entry, revision, False, f"{snap} does not exist")
     files = frozenset(p.relative_to(snap).as_posix() for p in snap.rglob("*") if not p.is_dir())

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack.hfcache import snapshot_state
+from sparkstack.hfcache import snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
@@ -172,7 +172,7 @@ def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str,
         ok = state.has(CHAT_TEMPLATE)
         checks.append(Check("chat-template", "pass" if ok else "warn",
                             f"{CHAT_TEMPLATE} present" if ok else f"{CHAT_TEMPLATE} missing: image requests will return 500"))
-        checks.append(_modelopt_check(hub / cache_name / "snapshots" / revision))
+        checks.append(_modelopt_check(snapshot_dir(hub / cache_name, revision)))
     return checks
 
 

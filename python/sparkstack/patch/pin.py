@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tomlkit
 
-from sparkstack import fsio
+from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
 from sparkstack.patch.engine import overlay_source_dir
 from sparkstack.patch.overlay import load_overlay
@@ -49,7 +49,9 @@ class PinPlan:
 
 
 def _installed_roots() -> list[Path]:
-    roots = {Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib"))}
+    # In a checkout, the package's data/overlays is a symlink out of the package; resolved, a path still
+    # inside the package's data dir is an installed copy, wherever the package was installed.
+    roots = {shipped.PACKAGE_DATA, *(Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib")))}
     roots |= {Path(p).resolve() for p in site.getsitepackages()}
     roots.add(Path("/nix/store"))
     return sorted(roots)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import git_blob_name, publish_snapshot, snapshot_link_target
+from sparkstack.hfcache import blobs_dir, git_blob_name, publish_snapshot, snapshot_dir, snapshot_link_target
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan
 
@@ -79,9 +79,9 @@ class _Staged:
         self.copier = copier
         self.on_progress = on_progress
         self.cache = plan.dest.kind == "cache"
-        self.blobs = stage / "blobs"
-        self.final_blobs = plan.dest.root / "blobs"
-        self.model_dir = stage / "snapshots" / plan.dest.revision if self.cache else stage
+        self.blobs = blobs_dir(stage)  # the stage is laid out as the entry will be
+        self.final_blobs = blobs_dir(plan.dest.root)
+        self.model_dir = snapshot_dir(stage, plan.dest.revision) if self.cache else stage
         self.model_dir.mkdir(parents=True, exist_ok=True)
         if self.cache:
             self.blobs.mkdir(exist_ok=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import ModelSource, SourceFile, read_ref
+from sparkstack.hfcache import ModelSource, SourceFile, read_ref, snapshot_dir
 from sparkstack.safetensors_header import ShardHeader, TensorEntry, encode_header, read_header
 from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers
 
@@ -51,7 +51,7 @@ class Destination:
 
     @property
     def model_dir(self) -> Path:
-        return self.root / "snapshots" / self.revision if self.kind == "cache" else self.root
+        return snapshot_dir(self.root, self.revision) if self.kind == "cache" else self.root
 
     @property
     def stamp(self) -> Path:

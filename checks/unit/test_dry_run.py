@@ -1,0 +1,239 @@
+"""`--dry-run` never acts, for any command.
+
+The command list comes from the click group itself, so a new command without an
+entry here fails `test_every_command_is_covered`. Recording stand-ins for docker,
+ssh, rsync, nvidia-smi, sysctl and sync sit first on PATH; under --dry-run only
+read-only calls may reach them, and no file may change in the working dir,
+HOME, the state and cache dirs, the HF hub, or the source and destination trees.
+The same commands without --dry-run must act (a recorded write call, or a
+changed tree): that proves the recorder and the snapshots can see an act.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+import hostfix
+import imagefix as fx
+import synth
+from conftest import sparkstack_cmd
+from sparkstack.cli import main
+
+# Calls that only read. Anything else recorded under --dry-run is an act.
+READ_ONLY_DOCKER = {"inspect", "ps", "images", "logs", "version"}
+READ_ONLY_PROGRAMS = {"printenv"}
+
+RECORDER = r'''#!{python}
+import json, os, shlex, subprocess, sys
+name = os.path.basename(sys.argv[0])
+with open(os.environ["RECORD_LOG"], "a") as log:
+    log.write(json.dumps([name] + sys.argv[1:]) + "\n")
+if name == "ssh":
+    # Run the remote command here, through the same stand-ins, so its docker calls are judged too.
+    args = sys.argv[1:]
+    command = args[args.index("--") + 1]
+    sys.exit(subprocess.call(shlex.split(command)))
+if name == "docker":
+    args = [a for a in sys.argv[1:]]
+    if args[:1] == ["-H"]:
+        args = args[2:]
+    if args[:2] == ["image", "inspect"]:
+        print("sha256:" + "ab" * 32)
+    elif args[:1] == ["inspect"]:
+        print("running 2026-11-29T00:00:00.000000000Z sha256:" + "ab" * 32)
+    elif args[:1] == ["run"]:
+        print("c0ffee")
+sys.exit(0)
+'''
+
+# command path -> (argument lists, each run with and without --dry-run; True when the command never acts)
+INVOCATIONS = {
+    ("strip",): ([["{model}", "--out", "{strip_out}"]], False),
+    ("image", "build"): ([["--base", "{base}", "--overlay", "{overlay}", "--overlay-src", "{src}", "--out", "{image_out}"]], False),
+    ("image", "verify"): ([["{base}"]], True),
+    ("patch", "check"): ([["--base", "{base}", "--overlay", "{overlay}", "--overlay-src", "{src}"]], True),
+    ("pin", "overlay"): ([["--overlay", "{unpinned_overlay}", "--overlay-src", "{src}"]], False),
+    ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"]], False),
+    ("plan", "kv"): ([[]], True),
+}
+LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
+
+
+def command_paths(group: click.Group, prefix=()) -> set[tuple[str, ...]]:
+    paths = set()
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            paths |= command_paths(cmd, prefix + (name,))
+        else:
+            paths.add(prefix + (name,))
+    return paths
+
+
+def lookup(path: tuple[str, ...]) -> click.Command:
+    cmd = main
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+def test_every_command_is_covered():
+    assert command_paths(main) == set(INVOCATIONS), "add the new command to INVOCATIONS"
+
+
+@pytest.mark.parametrize("path", sorted(INVOCATIONS))
+def test_every_command_takes_dry_run(path):
+    assert "dry_run" in {p.name for p in lookup(path).params}, f"{' '.join(path)} has no --dry-run"
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = {"tmp": tmp_path}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("docker", "ssh", "rsync", "nvidia-smi", "sysctl", "sync"):
+        p = bin_dir / name
+        p.write_text(RECORDER.replace("{python}", sys.executable))
+        p.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    hostfix.write_hub(tmp_path / "hf")
+    synth.write_model_dir(tmp_path / "flat")
+    entry = synth.cache_from_dir(tmp_path / "flat", tmp_path / "models" / "hub", repo_id="org/model")
+    base = tmp_path / "base"
+    fx.write_base(base)
+    src = fx.write_overlay_source(tmp_path / "src")
+    w.update(
+        bin=bin_dir, home=home, work=tmp_path / "work", log=tmp_path / "calls.jsonl",
+        model=entry, strip_out=tmp_path / "stripped", base=base, src=src, image_out=tmp_path / "image",
+        overlay=fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2"),
+        unpinned_overlay=fx.write_overlay(tmp_path / "overlay-unpinned"),
+        host_root=hostfix.write_host(tmp_path / "hostroot"),
+    )
+    w["work"].mkdir()
+    w["env"] = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_LOG": str(w["log"]), "HOME": str(home),
+        "HF_HOME": str(tmp_path / "hf"), "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"), "SPARKSTACK_CACHE_DIR": str(tmp_path / "cache" / "sparkstack"),
+        "SPARKSTACK_STATE_DIR": str(tmp_path / "state" / "sparkstack"), "SOURCE_DATE_EPOCH": "0",
+    }
+    for knob in ("VLLM_API_KEY", "SPARKSTACK_RECIPES", "SPARKSTACK_OVERLAY_SRC"):
+        w["env"][knob] = ""
+    return w
+
+
+def expand(args: list[str], w: dict) -> list[str]:
+    out = []
+    for a in args:
+        if a == "{launch}":
+            out += expand(LAUNCH_OPTS, w)
+        elif a.startswith("{") and a.endswith("}"):
+            out.append(str(w[a[1:-1]]))
+        else:
+            out.append(a)
+    return out
+
+
+def tree_state(root: Path) -> dict[str, tuple]:
+    """Every entry under `root`: its type, size, mtime and content hash (or link target)."""
+    state = {}
+    if not root.exists():
+        return state
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                state[str(p)] = ("link", os.readlink(p))
+            elif stat.S_ISREG(st.st_mode):
+                state[str(p)] = ("file", st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            else:
+                state[str(p)] = ("dir", st.st_mtime_ns)
+    return state
+
+
+def snapshot(w: dict) -> dict[str, tuple]:
+    """The whole tmp tree except the stand-ins' own log: cwd, HOME, state, cache, hub, sources and destinations."""
+    state = tree_state(w["tmp"])
+    state.pop(str(w["log"]), None)
+    return state
+
+
+def recorded(w: dict) -> list[list[str]]:
+    if not w["log"].exists():
+        return []
+    return [json.loads(line) for line in w["log"].read_text().splitlines()]
+
+
+def is_read_only(call: list[str]) -> bool:
+    name, args = call[0], call[1:]
+    if name == "ssh":
+        return True  # its remote command is recorded (and judged) separately, as the stand-in runs it here
+    if name in READ_ONLY_PROGRAMS:
+        return True
+    if name != "docker":
+        return False
+    if args[:1] == ["-H"]:
+        args = args[2:]
+    if args[:1] == ["image"]:
+        args = args[1:]
+    return bool(args) and args[0] in READ_ONLY_DOCKER
+
+
+def run(w: dict, path: tuple[str, ...], args: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **w["env"])
+    return subprocess.run(sparkstack_cmd() + list(path) + args, cwd=w["work"], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+CASES = [(path, i) for path, (arg_lists, _) in sorted(INVOCATIONS.items()) for i in range(len(arg_lists))]
+
+
+@pytest.mark.parametrize("path,case", CASES, ids=[" ".join(p) + f"#{i}" for p, i in CASES])
+def test_dry_run_acts_on_nothing_and_the_real_run_acts(world, path, case):
+    arg_lists, read_only = INVOCATIONS[path]
+    args = expand(arg_lists[case], world)
+    before = snapshot(world)
+    proc = run(world, path, args + ["--dry-run"])
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    acts = [c for c in recorded(world) if not is_read_only(c)]
+    assert acts == [], f"--dry-run acted: {acts}"
+    after = snapshot(world)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert changed == [], f"--dry-run changed files: {changed[:5]}"
+
+    # The same command for real: the recorder or the snapshot must see it act (unless it only ever reads).
+    world["log"].unlink(missing_ok=True)
+    proc = run(world, path, args)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    acts = [c for c in recorded(world) if not is_read_only(c)]
+    real_after = snapshot(world)
+    changed = sorted(k for k in set(after) | set(real_after) if after.get(k) != real_after.get(k))
+    if read_only:  # it may fill its cache, but acts on nothing else
+        cache = str(world["tmp"] / "cache")
+        assert acts == [] and [c for c in changed if not c.startswith(cache)] == [], (acts, changed[:5])
+    else:
+        assert acts or changed, f"{' '.join(path)} without --dry-run did nothing visible: {proc.stderr}"
+
+
+def test_recorder_sees_each_rank_drop_caches_and_stop(world):
+    """The acts a real `launch all --drop-caches` and `launch stop` make, rank by rank (one rank over ssh)."""
+    run(world, ("launch",), ["all", "--drop-caches", *expand(["{launch}"], world)])
+    calls = recorded(world)
+    drops = [c for c in calls if c[:3] == ["sysctl", "-w", "vm.drop_caches=3"]]
+    ssh_drops = [c for c in calls if c[0] == "ssh" and shlex.split(c[-1]) == ["sysctl", "-w", "vm.drop_caches=3"]]
+    assert len(drops) == 2 and len(ssh_drops) == 1, calls  # head locally, the worker through ssh
+    first_run = next(i for i, c in enumerate(calls) if "run" in c and c[0] == "docker")
+    assert max(calls.index(d) for d in drops) < first_run  # caches dropped before any container starts
+    world["log"].unlink()
+    run(world, ("launch",), ["stop", *expand(["{launch}"], world)])
+    rms = [c for c in recorded(world) if c[0] == "docker" and "rm" in c]
+    assert [c[-1] for c in rms] == ["glm53-tony-rank0", "glm53-tony-rank1"]

@@ -1,0 +1,246 @@
+"""Outputs: never replace what sparkstack did not write; "up to date" only when it is true; shipped data found anywhere."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import imagefix as fx
+import synth
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: ") and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def model(tmp_path):
+    synth.write_model_dir(tmp_path / "flat")
+    return synth.cache_from_dir(tmp_path / "flat", tmp_path / "hub", repo_id="org/model")
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    fx.write_base(base)
+    src = fx.write_overlay_source(tmp_path / "src")
+    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
+    return {"base": base, "src": src, "overlay": overlay}
+
+
+def image_build(run_cli, w, out, *extra, env=None):
+    return run_cli("image", "build", "--base", w["base"], "--overlay", w["overlay"], "--overlay-src", w["src"],
+                   "--out", out, "--json", *extra, env=env)
+
+
+# ---------------------------------------------------------------- 1. never delete what sparkstack did not write
+
+
+def foreign_dir(path: Path) -> dict[str, bytes]:
+    (path / "notes").mkdir(parents=True)
+    (path / "thesis.tex").write_text("years of work\n")
+    (path / "notes" / "todo.txt").write_text("do not delete\n")
+    return tree(path)
+
+
+def test_strip_refuses_a_foreign_out_dir_and_keeps_it(run_cli, model, tmp_path):
+    out = tmp_path / "mine"
+    before = foreign_dir(out)
+    line = one_error_line(run_cli("strip", model, "--out", out))
+    assert "not written by sparkstack" in line
+    assert tree(out) == before
+
+
+def test_strip_refuses_a_regular_file_as_out(run_cli, model, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("precious\n")
+    one_error_line(run_cli("strip", model, "--out", out))
+    assert out.read_text() == "precious\n"
+
+
+def test_image_build_refuses_a_foreign_out_dir_and_keeps_it(run_cli, world, tmp_path):
+    out = tmp_path / "mine"
+    before = foreign_dir(out)
+    line = one_error_line(image_build(run_cli, world, out))
+    assert "not written by sparkstack" in line
+    assert tree(out) == before
+
+
+def test_image_build_refuses_a_foreign_tar_and_a_dir_named_tar(run_cli, world, tmp_path):
+    tar = tmp_path / "backup.tar"
+    subprocess.run(["tar", "-cf", tar, "-C", world["src"], "."], check=True)
+    before = tar.read_bytes()
+    line = one_error_line(image_build(run_cli, world, tar))
+    assert "not an archive sparkstack wrote" in line
+    assert tar.read_bytes() == before
+    odd = tmp_path / "odd.tar"
+    foreign_dir(odd)
+    one_error_line(image_build(run_cli, world, odd))
+
+
+def test_one_command_does_not_replace_another_commands_output(run_cli, world, model, tmp_path):
+    out = tmp_path / "image"
+    assert image_build(run_cli, world, out).returncode == 0
+    before = tree(out)
+    line = one_error_line(run_cli("strip", model, "--out", out))
+    assert "sparkstack image build" in line
+    assert tree(out) == before
+
+
+def test_previous_outputs_are_replaced_and_marked(run_cli, world, model, tmp_path):
+    out = tmp_path / "image"
+    first = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    (world["src"] / "overlay-dflash2/dflash2/speculator.py").write_text("class DFlash2Speculator:\n    width = 9\n")
+    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], check=0)
+    second = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    assert second["config_digest"] != first["config_digest"] and not second["up_to_date"]
+    marker = json.loads((out / ".sparkstack/output.json").read_text())
+    assert marker["written_by"] == "sparkstack image build"
+    tar = tmp_path / "image.tar"
+    assert image_build(run_cli, world, tar).returncode == 0
+    assert image_build(run_cli, world, tar, "--variant", "plain").returncode == 0  # our own archive: replaceable
+    stripped = tmp_path / "stripped"
+    run_cli("strip", model, "--out", stripped, check=0)
+    assert json.loads((stripped / ".sparkstack/output.json").read_text())["written_by"] == "sparkstack strip"
+
+
+# ---------------------------------------------------------------- 4. "up to date" must be true
+
+
+def test_strip_sees_a_config_edited_through_the_snapshot_link(run_cli, model, tmp_path):
+    out = tmp_path / "stripped"
+    run_cli("strip", model, "--out", out, check=0)
+    config = model / "snapshots" / synth.REVISION / "config.json"
+    doc = json.loads(config.read_text())
+    doc["num_hidden_layers"] = doc.get("num_hidden_layers", 2) + 1
+    config.write_text(json.dumps(doc))  # writes through the symlink into the blob: same blob name
+    proc = run_cli("strip", model, "--out", out, check=0)
+    assert "up to date" not in proc.stdout
+    served = json.loads((out / "snapshots" / synth.REVISION / "config.json").read_text())
+    assert served["num_hidden_layers"] == doc["num_hidden_layers"]
+    assert "up to date" in run_cli("strip", model, "--out", out, check=0).stdout
+
+
+def test_strip_sees_a_shard_rewritten_in_place(run_cli, model, tmp_path):
+    out = tmp_path / "stripped"
+    run_cli("strip", model, "--out", out, check=0)
+    shard = next((model / "snapshots" / synth.REVISION).glob("*.safetensors")).resolve()
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same name, same size: only the stat identity tells
+    shard.write_bytes(bytes(data))
+    assert "up to date" not in run_cli("strip", model, "--out", out, check=0).stdout
+
+
+def test_image_build_up_to_date_only_when_the_output_is_complete(run_cli, world, tmp_path):
+    out = tmp_path / "image"
+    first = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    plan = json.loads(run_cli("image", "build", "--base", world["base"], "--overlay", world["overlay"],
+                              "--overlay-src", world["src"], "--out", out, "--dry-run", "--json", check=0).stdout)
+    assert plan["up_to_date"] is True
+    again = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    assert again["up_to_date"] and again["config_digest"] == first["config_digest"]
+    # A missing base blob in the output: not up to date; the rebuild restores it.
+    layer = first["layer_digest"].split(":")[1]
+    base_layer = next(p for p in (out / "blobs/sha256").iterdir() if p.name != layer and p.stat().st_size > 10_000)
+    base_layer.unlink()
+    rebuilt = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    assert not rebuilt["up_to_date"] and base_layer.exists()
+    run_cli("image", "verify", out, check=0)
+
+
+@pytest.mark.parametrize("change", ["epoch", "step", "script"])
+def test_image_build_fingerprint_covers_the_whole_plan(run_cli, world, tmp_path, change):
+    out = tmp_path / "image"
+    image_build(run_cli, world, out)
+    env, extra = None, []
+    if change == "epoch":
+        env = {"SOURCE_DATE_EPOCH": "1700000000"}
+    elif change == "step":
+        # the optional step's script is a no-op in the fixture: enabling it changes the plan, not the files
+        extra = ["--with-step", "prefix_cache_draft_group"]
+    elif change == "script":
+        # an unpinned overlay lets a script change without overlay.toml changing
+        overlay = fx.write_overlay(tmp_path / "unpinned")
+        world = dict(world, overlay=overlay)
+        image_build(run_cli, world, out, "--allow-unpinned")
+        script = world["src"] / "overlay-dflash2" / "patch_glm5_drafter_group.py"
+        script.write_text(script.read_text() + "\n# harmless edit\n")
+        extra = ["--allow-unpinned"]
+    proc = image_build(run_cli, world, out, *extra, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["result"]["up_to_date"] is False
+
+
+# ---------------------------------------------------------------- 5. shipped data, from anywhere
+
+
+def test_launch_and_image_build_find_shipped_data_from_any_directory(run_cli, world, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, SPARKSTACK_RECIPES="")
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "launch", "0", "--dry-run", "--json"],
+                          cwd=elsewhere, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recipe"] == "glm53-flash-dflash2-nvfp4"
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(world["base"]),
+                           "--overlay-src", str(world["src"]), "--allow-unpinned", "--out", str(tmp_path / "img"),
+                           "--dry-run", "--json"], cwd=elsewhere, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["overlay"]["source"].startswith("tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark@")
+
+
+def test_a_wheel_install_carries_overlays_and_recipes_and_pin_refuses_its_copy(tmp_path):
+    """pip builds a wheel of ./python; installed (no checkout around), it finds both, and never pins its own copy."""
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO / "python"),
+                    "-w", wheels], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
+                    *wheels.glob("*.whl")], check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(target), SPARKSTACK_RECIPES="")
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "launch", "all", "--dry-run", "--json"],
+                          cwd=elsewhere, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recipe_path"].startswith(str(target))
+    installed = target / "sparkstack/data/overlays/dflash2/overlay.toml"
+    assert installed.is_file() and not installed.is_symlink()
+    before = installed.read_bytes()
+    src = fx.write_overlay_source(tmp_path / "src")
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "pin", "overlay", "--overlay-src", str(src)],
+                          cwd=elsewhere, capture_output=True, text=True, env=env)
+    assert "installed copy" in one_error_line(proc)
+    assert installed.read_bytes() == before
+
+
+def test_pin_overlay_keeps_comments_and_dry_run_writes_nothing(run_cli, tmp_path):
+    src = fx.write_overlay_source(tmp_path / "src")
+    overlay = fx.write_overlay(tmp_path / "overlay")
+    toml = overlay / "overlay.toml"
+    toml.write_text("# a comment that must survive\n" + toml.read_text())
+    before = toml.read_text()
+    plan = json.loads(run_cli("pin", "overlay", "--overlay", overlay, "--overlay-src", src, "--dry-run", "--json",
+                              check=0).stdout)
+    assert toml.read_text() == before and plan["changes"]
+    run_cli("pin", "overlay", "--overlay", overlay, "--overlay-src", src, check=0)
+    after = toml.read_text()
+    assert after.startswith("# a comment that must survive\n") and "unpinned" not in after.split("[variants")[0]
+    import hashlib
+    script = src / "overlay-dflash2" / "patch_glm_aux_capture.py"
+    sha = hashlib.sha256(script.read_bytes()).hexdigest()
+    block = after[after.index('script = "patch_glm_aux_capture.py"'):]
+    assert block.split("sha256 = ", 1)[1].startswith(f'"{sha}"')
+    assert "up to date" in run_cli("pin", "overlay", "--overlay", overlay, "--overlay-src", src, check=0).stdout

@@ -1,0 +1,78 @@
+"""Structure the design asks for: no import cycle in sparkstack, and one owner for the HF cache layout."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sparkstack"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """Every sparkstack module `name` imports, at any depth of its code (function-level imports count too),
+    plus the packages Python runs on the way (an import of a.b.c runs a.b's __init__ first)."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            if t in MODULES:
+                found.add(t)
+                found.update(a for a in ancestors(t) if a in MODULES)
+    own = set(ancestors(name)) | {name}
+    return {m for m in found if m not in own}
+
+
+def test_no_import_cycle():
+    graph = {name: imported(name, path) for name, path in MODULES.items()}
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert "sparkstack.oci.source" in graph and graph["sparkstack.strip.plan"], "the import graph was not read"
+
+
+def test_only_hfcache_knows_the_cache_layout():
+    """refs/ and snapshots/ of a hub cache entry are spelled out in hfcache alone (OCI layouts have blobs/ too)."""
+    offenders = []
+    for name, path in MODULES.items():
+        if name.startswith("sparkstack.hfcache"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in ("refs", "refs/main", "snapshots"):
+                offenders.append(f"{name}:{node.lineno} {node.value!r}")
+    assert offenders == []
