@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -158,3 +159,27 @@ def test_probe_runs_runtime_gates_in_the_image(launch_world):
     assert any("No module named" in c["detail"] or "ModuleNotFoundError" in c["detail"] for c in gates)
     identity = [c for c in checks if c["check"] == "image-identity"]
     assert identity and identity[0]["status"] == "pass"  # both ranks hold the same config digest
+
+
+def test_run_record_keeps_the_argv_that_ran_with_the_workers_home_expanded(launch_world):
+    """HF_HOME="~/..." is expanded on each machine; the run record stores what really ran, not the plan's `~`."""
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "0"})
+    head_home = work / "head-home"
+    shutil.copytree(home / "hub", head_home / "sparkstack-lab-hf" / "hub", symlinks=True, dirs_exist_ok=True)
+    worker_home = lab.ssh("printenv", "HOME").stdout.strip()
+    created = Path(worker_home, "sparkstack-lab-hf")
+    existed = created.exists()
+    env = {"HOME": str(head_home), "HF_HOME": "~/sparkstack-lab-hf"}
+    try:
+        proc = sparkstack(lab, launch_world, recipe, "1", "--json", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
+        (rank,) = record["ranks"]
+        assert rank["rank"] == 1
+        assert f"{worker_home}/sparkstack-lab-hf/hub:/root/.cache/huggingface/hub:ro" in rank["docker_run"]
+        assert not any(a.startswith("~") for a in rank["docker_run"])
+    finally:
+        sparkstack(lab, launch_world, recipe, "stop", env=env)
+        if not existed:
+            shutil.rmtree(created, ignore_errors=True)
