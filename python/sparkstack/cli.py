@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -41,6 +42,24 @@ def one_line_errors(fn):
             sys.exit(130)
 
     return wrapper
+
+
+class FiniteFloat(click.ParamType):
+    """A float in [low, high]: unlike click.FloatRange, also refuses nan and inf (nan passes every comparison)."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or not self.low <= number <= self.high:
+            self.fail(f"{value!r} is not a finite number in [{self.low:g}, {self.high:g}]", param, ctx)
+        return number
 
 
 def _print_json(doc: object) -> None:
@@ -342,12 +361,12 @@ def pin_overlay(overlay_dir, overlay_src, wheel_dir, dry_run, as_json) -> None:
 @click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
 @click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
-@click.option("--min-free-mem-gib", type=click.FloatRange(min=0), default=100.0, show_default=True)
-@click.option("--health-interval", type=click.FloatRange(min=0, max=3600), default=10.0, show_default=True,
+@click.option("--min-free-mem-gib", type=FiniteFloat(0, 1 << 20), default=100.0, show_default=True)
+@click.option("--health-interval", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
               envvar="HEALTH_INTERVAL", help="Seconds between /health polls (env HEALTH_INTERVAL).")
 @click.option("--health-attempts", type=click.IntRange(min=1, max=1_000_000), default=360, show_default=True,
               envvar="HEALTH_ATTEMPTS", help="How many /health polls before giving up (env HEALTH_ATTEMPTS).")
-@click.option("--worker-delay", type=click.FloatRange(min=0, max=3600), default=20.0, show_default=True,
+@click.option("--worker-delay", type=FiniteFloat(0, 3600), default=20.0, show_default=True,
               envvar="WORKER_DELAY", help="Seconds between the workers and the head (env WORKER_DELAY).")
 @one_line_errors
 def launch(target, recipe, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
@@ -444,8 +463,35 @@ def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
     click.echo(f"page unification: {'ok' if pu.ok else 'unknown' if pu.ok is None else 'FAILS'}: {pu.reason}")
 
 
+class StdoutClosed(Exception):
+    """Our stdout's reader went away. Not an OSError, so no error handler mistakes it for a failed operation."""
+
+
+class _GuardedStdout:
+    """sys.stdout, but a write to a closed pipe raises StdoutClosed (a broken pipe to ssh or docker stays an error)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise StdoutClosed from None
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except BrokenPipeError:
+            raise StdoutClosed from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def entry() -> None:
     """The `sparkstack` program: click in non-standalone mode, so that usage errors are one line too."""
+    sys.stdout = _GuardedStdout(sys.stdout)
     try:
         code = main.main(prog_name="sparkstack", standalone_mode=False)
     except click.UsageError as exc:
@@ -455,11 +501,11 @@ def entry() -> None:
     except click.Abort:
         click.echo("sparkstack: interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:
+    except StdoutClosed:
         _quiet_closed_pipe()
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
+    except StdoutClosed:
         _quiet_closed_pipe()
     sys.exit(code if isinstance(code, int) else 0)
 
@@ -467,7 +513,7 @@ def entry() -> None:
 def _quiet_closed_pipe() -> None:
     """The reader went away (`sparkstack ... | head`): stop quietly, as coreutils do, with no traceback."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, sys.__stdout__.fileno())  # so the interpreter's own flush at exit finds no broken pipe
     sys.exit(141)  # 128 + SIGPIPE
 
 

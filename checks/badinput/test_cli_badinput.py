@@ -1,0 +1,53 @@
+"""CLI options: a bad command line gets one line and exit 2; a closed stdout pipe ends quietly."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import sparkstack_cmd
+
+USAGE_ERRORS = [
+    (["launch", "9", "--dry-run"], {}),
+    (["launch", "-1", "--dry-run"], {}),
+    (["launch", "٣", "--dry-run"], {}),  # a digit to str.isdigit(), not a rank
+    (["launch", "0", "--dry-run", "--health-attempts", "0"], {}),
+    (["launch", "0", "--dry-run", "--health-interval", "-1"], {}),
+    (["launch", "0", "--dry-run"], {"HEALTH_ATTEMPTS": "lots"}),
+    (["launch", "0", "--dry-run"], {"WORKER_DELAY": "nan"}),
+    (["launch", "0", "--dry-run", "--min-free-mem-gib", "-5"], {}),
+    (["launch", "0", "--dry-run", "--profile", "yolo"], {}),
+    (["plan", "kv", "--kv-bytes", "-1"], {}),
+    (["plan", "kv", "--kv-bytes", "1e9"], {}),
+    (["plan", "kv", "--kv-bytes", "9" * 5000], {}),
+    (["image", "build", "--dry-run"], {}),
+    (["strip"], {}),
+    (["strip", "x", "--bogus"], {}),
+    (["no-such-command"], {}),
+    (["pin", "overlay"], {"SPARKSTACK_OVERLAY_SRC": ""}),
+]
+
+
+@pytest.mark.parametrize("args,env", USAGE_ERRORS, ids=[" ".join(a)[:40] for a, _ in USAGE_ERRORS])
+def test_usage_errors_are_one_line_and_exit_2(run_cli, args, env):
+    proc = run_cli(*args, env=env)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["launch", "all", "--dry-run", "--json"], ["launch", "0", "--dry-run"],
+                                  ["plan", "kv", "--json"], ["launch", "stop", "--dry-run"], ["--help"]])
+def test_closed_stdout_ends_quietly(args):
+    """`sparkstack ... | head` when head has already gone: no error line, no traceback, SIGPIPE's exit status."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(sparkstack_cmd() + args, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, HF_HOME="/nonexistent"))
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141
