@@ -10,8 +10,8 @@ BASE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.tom
 CASES = {
     "unknown key": (lambda t: t.replace('engine = "vllm"', 'engine = "vllm"\ncolour = "blue"'), "unknown key 'colour'"),
     "unknown node key": (lambda t: t.replace('host = "spark-head"', 'host = "spark-head"\nport = 22'), "unknown key 'port'"),
-    "wrong type": (lambda t: t.replace("required_nodes = 2", 'required_nodes = "two"'), "required_nodes must be int"),
-    "bool is not an int": (lambda t: t.replace("tensor_parallel_size = 2", "tensor_parallel_size = true"), "must be int"),
+    "wrong type": (lambda t: t.replace("required_nodes = 2", 'required_nodes = "two"'), "required_nodes must be an integer"),
+    "bool is not an int": (lambda t: t.replace("tensor_parallel_size = 2", "tensor_parallel_size = true"), "must be an integer"),
     "args not strings": (lambda t: t.replace('"--max-num-seqs", "6"', '"--max-num-seqs", 6'), "args must be strings"),
     "missing node": (lambda t: t.replace("required_nodes = 2", "required_nodes = 3"), "3 but 2 [[nodes]]"),
     "quoted arg holding several words": (
@@ -43,13 +43,17 @@ def test_bad_knob_values(tmp_path, run_cli):
         assert proc.returncode == 1 and expect in proc.stderr and proc.stderr.count("\n") == 1
 
 
+# An ssh target may not hold whitespace (it is one word), but shell metacharacters still stay literal.
+SSH_META = "me@host;rm${IFS}-rf${IFS}/;`id`"
+
+
 def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_cli):
     nasty = "x; touch /tmp/pwned-$(id -u) | cat `uname` && echo '\"$HOME\""
     path = tmp_path / "recipe.toml"
     text = BASE.read_text().replace('"--reasoning-parser", "glm45"', f'"--reasoning-parser", {json.dumps(nasty)}')
     path.write_text(text)
     doc = json.loads(run_cli("launch", "1", "--recipe", path, "--dry-run", "--json",
-                             env={"SERVED_NAME": "a b;c$(d)", "WORKER_SSH": "me@host; rm -rf /"}, check=0).stdout)
+                             env={"SERVED_NAME": "a b;c$(d)", "WORKER_SSH": SSH_META}, check=0).stdout)
     argv = doc["docker_run"]
     assert argv[argv.index("--reasoning-parser") + 1] == nasty
     assert argv[argv.index("--served-model-name") + 1] == "a b;c$(d)"
@@ -58,7 +62,7 @@ def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_cli):
 
     from sparkstack.remote import Runner
     wire = Runner(ssh=doc["ssh"]).argv(argv)
-    assert wire[-3] == "me@host; rm -rf /" and wire[-2] == "--"
+    assert wire[-3] == SSH_META and wire[-2] == "--"
     assert shlex.split(wire[-1]) == argv
 
 

@@ -255,3 +255,24 @@ def test_remote_hf_home_tilde_is_expanded_on_the_worker():
                     ("docker", "run", "-v", f"{hub}:/root/.cache/huggingface/hub:ro", "img"))
     argv = _docker_run(rank, FakeRunner(ssh="me@w"))
     assert argv == ["docker", "run", "-v", "/home/spark/.cache/huggingface/hub:/root/.cache/huggingface/hub:ro", "img"]
+
+
+def test_flag_equals_value_is_one_flag_a_knob_can_replace(run_cli, hf_home, tmp_path):
+    """`--max-model-len=1000` in a plain recipe is the same flag as `--max-model-len 1000`: a knob replaces it."""
+    text = Path("recipes/glm53-flash-dflash2-mxfp8/recipe.toml").read_text()
+    assert '"--max-model-len", "524288",' in text
+    (tmp_path / "r.toml").write_text(text.replace('"--max-model-len", "524288",', '"--max-model-len=1000",'))
+    argv = plan_json(run_cli, hf_home, "0", "--recipe", tmp_path / "r.toml")["docker_run"]
+    assert argv[argv.index("--max-model-len") + 1] == "1000"
+    argv = plan_json(run_cli, hf_home, "0", "--recipe", tmp_path / "r.toml", env={"MAX_MODEL_LEN": "2048"})["docker_run"]
+    assert [a for a in argv if a.startswith("--max-model-len")] == ["--max-model-len"]
+    assert argv[argv.index("--max-model-len") + 1] == "2048"
+
+
+def test_fabric_addresses_follow_the_nodes_not_master_addr(run_cli, hf_home):
+    """Each rank announces its own fabric address; MASTER_ADDR only says where rank 0 listens."""
+    doc = plan_json(run_cli, hf_home, env={"MASTER_ADDR": "spark-head.lan"})
+    assert "VLLM_HOST_IP=10.0.0.1" in doc["ranks"][0]["docker_run"]
+    assert "VLLM_HOST_IP=10.0.0.2" in doc["ranks"][1]["docker_run"]
+    for r in doc["ranks"]:
+        assert r["docker_run"][r["docker_run"].index("--master-addr") + 1] == "spark-head.lan"

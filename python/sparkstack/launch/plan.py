@@ -6,6 +6,7 @@ Precedence: built-in defaults < the recipe's knob defaults and values < environm
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import read_ref
-from sparkstack.recipe import KNOB_DEFAULTS, NodeSpec, Recipe
+from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, show, show_path
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
 FABRIC_IPS = ("10.0.0.1", "10.0.0.2")
@@ -53,23 +54,40 @@ class Knobs:
 
 def resolve_knobs(recipe: Recipe, environ: Mapping[str, str]) -> Knobs:
     values = dict(KNOB_DEFAULTS)
-    values["IMAGE"] = recipe.docker_image
+    src = show_path(recipe.path)
+    where = {k: "built-in default " for k in KNOB_DEFAULTS}  # where each value came from, for the one error line
+    values["IMAGE"], where["IMAGE"] = recipe.docker_image, f"{src}: docker_image="
     if not recipe.knobs:  # plain shape: the recipe's own values stand in for the defaults
         values["SERVED_NAME"] = recipe.model
         values["MODEL_CACHE_NAME"] = "models--" + recipe.model.replace("/", "--")
+        where["SERVED_NAME"] = where["MODEL_CACHE_NAME"] = f"{src}: model-derived "
         for flag, knob in RECIPE_VALUE_DEFAULTS.items():
             if flag in recipe.args:
                 i = recipe.args.index(flag)
                 if i + 1 < len(recipe.args):
-                    values[knob] = recipe.args[i + 1]
+                    values[knob], where[knob] = recipe.args[i + 1], f"{src} args: {flag} "
         env = dict(recipe.env)
         for knob in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
             if knob in env:
-                values[knob] = env[knob]
+                values[knob], where[knob] = env[knob], f"{src} [env]: {knob}="
     values.update(dict(recipe.knobs))
+    where.update({k: f"{src} [knobs]: {k}=" for k, _ in recipe.knobs})
     from_env = {k for k in KNOB_DEFAULTS if k in environ}
     values.update({k: environ[k] for k in from_env})
+    where.update({k: f"environment variable {k}=" for k in from_env})
+    check_knobs(values, where)
     return Knobs(values, frozenset(dict(recipe.knobs)) | frozenset(from_env), frozenset(from_env))
+
+
+def check_knobs(values: Mapping[str, str], where: Mapping[str, str]) -> None:
+    """The boundary for knob values: each has its kind (recipe.KNOB_KINDS); the first bad one is the error."""
+    for name in KNOB_DEFAULTS:
+        check_value(where[name], values[name], KNOB_KINDS[name])
+    if int(values["API_PORT"]) == int(values["MASTER_PORT"]):
+        # Blame the one set in the environment, when only one of them is.
+        env_master = where["MASTER_PORT"].startswith("environment") and not where["API_PORT"].startswith("environment")
+        first, second = ("MASTER_PORT", "API_PORT") if env_master else ("API_PORT", "MASTER_PORT")
+        raise SparkstackError(f"{where[first]}{show(values[first])} is also {second}: the head cannot bind both ports")
 
 
 @dataclass(frozen=True)
@@ -170,10 +188,10 @@ def tail_args(recipe: Recipe, knobs: Knobs, drafter_path: str | None) -> list[st
 def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
     try:
         spec = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SparkstackError(f"--speculative-config is not JSON ({exc}): {raw!r}") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SparkstackError(f"--speculative-config is not JSON ({str(exc)[:80]}): {show(raw)}") from None
     if not isinstance(spec, dict):
-        raise SparkstackError(f"--speculative-config must be a JSON object: {raw!r}")
+        raise SparkstackError(f"--speculative-config must be a JSON object: {show(raw)}")
     ordered = {"method": spec.pop("method", "dflash")}
     if drafter_path is not None:
         spec.pop("model", None)
@@ -223,14 +241,19 @@ def _fill(value: str | None, knobs: Knobs, rank: int) -> str | None:
         raise SparkstackError(f"cannot fill {value!r}: unknown placeholder {exc}") from None
 
 
+def _fill_checked(where: str | None, key: str, value: str | None, knobs: Knobs, rank: int) -> str | None:
+    """A node template filled for one rank, then checked like a literal (its placeholders were checked at load)."""
+    filled = _fill(value, knobs, rank)
+    if filled is not None and where is not None:
+        check_value(f"{where}: {key}=", filled, NODE_KINDS[key])
+    return filled
+
+
 def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production") -> LaunchPlan:
     if profile not in ("production", "lab"):
         raise SparkstackError(f"profile {profile!r}: expected production or lab")
     knobs = resolve_knobs(recipe, environ)
     notes = []
-    for port_knob in ("API_PORT", "MASTER_PORT"):
-        if not knobs[port_knob].isdigit() or not 0 < int(knobs[port_knob]) < 65536:
-            raise SparkstackError(f"{port_knob}={knobs[port_knob]!r} is not a port number")
     local_hub = Path(_hub_path(knobs, remote=False))
     model_cache = knobs["MODEL_CACHE_NAME"]
     model_rev = _revision(local_hub, model_cache, notes)
@@ -246,15 +269,29 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
     nodes = _nodes(recipe, knobs)
     nnodes = len(nodes)
     ranks = []
+    fabric_of: dict[str, int] = {}
     for rank, node in enumerate(nodes):
-        ssh = _fill(node.ssh, knobs, rank) if rank else None
-        fabric_ip = _fill(node.fabric_ip, knobs, rank) or knobs["MASTER_ADDR"]
-        nic, hca = _fill(node.nic, knobs, rank) or knobs["CX_NIC"], _fill(node.hca, knobs, rank) or knobs["CX_HCA"]
+        where = f"{show_path(recipe.path)} [[nodes]] #{rank + 1}" if recipe.nodes else f"rank {rank}"
+        where += f" ({node.host})"
+        # A recipe's node templates are checked once filled; the built-in nodes hold knob values, already checked.
+        fill = functools.partial(_fill_checked, where if recipe.nodes else None, knobs=knobs, rank=rank)
+        ssh = fill("ssh", node.ssh) if rank else None
+        # One fabric address per rank: a worker silently borrowing the head's would announce the wrong host.
+        fabric_ip = fill("fabric_ip", node.fabric_ip)
+        if fabric_ip is None:
+            if nnodes > 1:
+                raise SparkstackError(f"{where}: no fabric_ip: with {nnodes} nodes every rank needs its own")
+            fabric_ip = knobs["MASTER_ADDR"]
+        if fabric_ip in fabric_of:
+            raise SparkstackError(f"{where}: fabric address {show(fabric_ip)} is also rank {fabric_of[fabric_ip]}'s: "
+                                  "every rank needs its own")
+        fabric_of[fabric_ip] = rank
+        nic, hca = fill("nic", node.nic) or knobs["CX_NIC"], fill("hca", node.hca) or knobs["CX_HCA"]
         name = knobs["NAME"].replace("{rank}", str(rank))
         hub = _hub_path(knobs, remote=ssh is not None)
         secret = tuple(k for k in SECRET_ENV if k in environ) if rank == 0 else ()
         argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
-        ranks.append(RankPlan(rank, node.host, ssh, _fill(node.docker_host, knobs, rank), name, fabric_ip, nic, hca,
+        ranks.append(RankPlan(rank, node.host, ssh, fill("docker_host", node.docker_host), name, fabric_ip, nic, hca,
                               hub, tuple(argv), secret))
     return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], model_rev, drafter_rev, tuple(ranks), tuple(notes))
 

@@ -6,8 +6,14 @@ touches the host.
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import re
 import shlex
+import string
 import tomllib
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +48,216 @@ KNOB_DEFAULTS: dict[str, str] = {
     "CX_NIC": "enp1s0f1np1",
     "CX_HCA": "rocep1s0f1",
 }
+
+# ---------------------------------------------------------------- values, checked where they enter
+# A kind is a function value -> problem (None when fine). Problems read after the value:
+# "API_PORT='0' is not a port number (1-65535)". Patterns use [0-9], never \d, which also
+# matches other scripts' digits.
+
+Kind = Callable[[str], "str | None"]
+
+INT_MAX = 2**63 - 1
+_BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}  # controls, invisible marks, lone surrogates, line breaks
+_DIGITS = re.compile(r"[0-9]{1,19}")  # no sign, no exponent, no spaces, no '_'; 19 digits bound int()
+_DECIMAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?|\.[0-9]{1,20}")
+_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")  # the characters of a docker image reference
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{1,127}")  # docker's rule for container names
+_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_CACHE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # one path component under the hub
+_REPO = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+_NIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,14}")  # IFNAMSIZ: 15 characters, no '/', ':' or space
+_HCA = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}")
+_SIZE = re.compile(r"[0-9]{1,15}(\.[0-9]{1,6})?[kKmMgGtTpP]?[iI]?[bB]?")  # docker's --shm-size units
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def show(value: str, limit: int = 60) -> str:
+    """A value as it may appear inside a one-line message: quoted, escaped, cut short."""
+    return repr(value[:limit]) + ("..." if len(value) > limit else "")
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """repr() of any value, cut short for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def show_path(path: Path | str) -> str:
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _line(value: str) -> str | None:
+    bad = next((c for c in value if unicodedata.category(c) in _BAD_CATEGORIES), None)
+    return None if bad is None else f"holds the control character {bad!r}"
+
+
+def _text(value: str, limit: int = 1024) -> str | None:
+    if value == "":
+        return "must not be empty"
+    if value.startswith("-"):
+        return "must not start with '-' (it would be read as an option)"
+    if len(value) > limit:
+        return f"is longer than {limit} characters"
+    return _line(value)
+
+
+def _token(value: str) -> str | None:
+    return _text(value) or ("must not hold whitespace" if any(c.isspace() for c in value) else None)
+
+
+def _matching(pattern: re.Pattern, what: str) -> Kind:
+    return lambda value: _token(value) or (None if pattern.fullmatch(value) else f"is not {what}")
+
+
+def _whole(lo: int, hi: int, what: str) -> Kind:
+    def check(value: str) -> str | None:
+        return None if _DIGITS.fullmatch(value) and lo <= int(value) <= hi else f"is not {what}"
+    return check
+
+
+def _or_empty(kind: Kind) -> Kind:
+    return lambda value: None if value == "" else kind(value)
+
+
+_count = _whole(1, INT_MAX, "a whole number >= 1 (digits 0-9 only)")
+_bytes = _whole(0, INT_MAX, "a whole number of bytes (digits 0-9 only)")
+_index = _whole(0, 1023, "a whole number from 0 to 1023")
+_port = _whole(1, 65535, "a port number (1-65535)")
+_word = _matching(_WORD, "a plain name (letters, digits, '_', '.', '-')")
+_image = _matching(_REF, "an image reference")
+_cache = _matching(_CACHE, "a cache entry name (one path component, e.g. models--ORG--NAME)")
+_nic = _matching(_NIC, "a network interface name (at most 15 characters, no '/' or ':')")
+_hca = _matching(_HCA, "an RDMA device name (no '/' or ':')")
+_shm = _matching(_SIZE, "a size such as 16g or 32gb")
+_repo = _matching(_REPO, "an HF repo id (ORG/NAME)")
+
+
+def _fraction(value: str) -> str | None:
+    ok = _DECIMAL.fullmatch(value) and 0 < float(value) <= 1
+    return None if ok else "is not a fraction in (0, 1] (e.g. 0.90)"
+
+
+def _eager(value: str) -> str | None:
+    return None if value in ("", "0", "1") else "is not valid: expected 0 or 1 (or empty)"
+
+
+def _container_name(value: str) -> str | None:
+    # {rank} is the one placeholder NAME knows; the rest must satisfy docker's own rule.
+    if _CONTAINER.fullmatch(value.replace("{rank}", "0")):
+        return None
+    return "is not a container name (letters, digits, '_', '.', '-'; {rank} for the rank)"
+
+
+def _host(value: str) -> str | None:
+    problem = _token(value)
+    if problem:
+        return problem
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        return None if _HOSTNAME.fullmatch(value) else "is not an IP address or host name"
+
+
+def _ipv4(value: str) -> str | None:
+    try:
+        ip = ipaddress.IPv4Address(value)
+    except ValueError:
+        return "is not an IPv4 address"
+    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+        return "is not a unicast IPv4 address"
+    return None
+
+
+def _hf_home(value: str) -> str | None:
+    problem = _text(value, limit=4095)
+    if problem:
+        return problem
+    if ":" in value:  # docker -v splits on ':': "/a:/etc" would mount /a at /etc
+        return "must not hold ':' (docker -v would split the path there)"
+    if not (value.startswith("/") or value == "~" or value.startswith("~/")):
+        return "must be an absolute path or start with ~/"
+    return None
+
+
+def _spec_json(value: str) -> str | None:
+    try:
+        spec = json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        return f"is not JSON ({str(exc)[:80]})"
+    return None if isinstance(spec, dict) else "is not a JSON object"
+
+
+def _no_nul(value: str) -> str | None:
+    return "holds a NUL byte" if "\0" in value else None
+
+
+def _not_a_flag(value: str) -> str | None:
+    return "must not start with '-' (it would be read as an option)" if value.startswith("-") else None
+
+
+# Every knob's kind. An empty value is refused unless it means something (LOAD_FORMAT off, EAGER off,
+# KV_CACHE_MEMORY set but empty drops the pin: FACTS.md §3).
+KNOB_KINDS: dict[str, Kind] = {
+    "IMAGE": _image, "NAME": _container_name, "SERVED_NAME": _text, "MODEL_CACHE_NAME": _cache,
+    "DRAFT_CACHE_NAME": _cache, "HF_HOME": _hf_home, "LOAD_FORMAT": _or_empty(_word), "EAGER": _eager,
+    "NUM_SPEC_TOKENS": _count, "GPU_MEM_UTIL": _fraction, "KV_CACHE_MEMORY": _or_empty(_bytes),
+    "OMP_NUM_THREADS": _count, "VLLM_CPU_OMP_THREADS_BIND": _token, "MAX_NUM_BATCHED_TOKENS": _count,
+    "API_PORT": _port, "MAX_MODEL_LEN": _count, "MAX_NUM_SEQS": _count, "MOE_BACKEND": _word,
+    "WORKER_SSH": _token, "MASTER_ADDR": _host, "MASTER_PORT": _port, "CX_NIC": _nic, "CX_HCA": _hca,
+}
+assert KNOB_KINDS.keys() == KNOB_DEFAULTS.keys()
+CACHE_NAME_KNOBS = ("DRAFT_CACHE_NAME", "MODEL_CACHE_NAME")
+ENV_KNOBS = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")  # knobs a plain recipe sets in its [env]
+
+# Engine flags that take a value, with the kind of value where sparkstack reads, sets or derives it.
+VALUE_FLAGS: dict[str, Kind] = {
+    "--served-model-name": _text, "--host": _host, "--port": _port, "--tensor-parallel-size": _count,
+    "--distributed-executor-backend": _word, "--nnodes": _count, "--node-rank": _index, "--master-addr": _host,
+    "--master-port": _port, "--load-format": _word, "--max-model-len": _count, "--max-num-seqs": _count,
+    "--max-num-batched-tokens": _count, "--moe-backend": _word, "--gpu-memory-utilization": _fraction,
+    "--kv-cache-memory": _bytes, "--kv-cache-memory-bytes": _bytes, "--kv-cache-dtype": _word,
+    "--block-size": _count, "--speculative-config": _spec_json, "--tool-call-parser": _not_a_flag,
+    "--reasoning-parser": _not_a_flag,
+}
+_SAME_FLAG = {"--kv-cache-memory-bytes": "--kv-cache-memory"}  # vLLM's abbreviation: one flag, two spellings
+
+# [[nodes]] keys filled per rank, the kind of the filled value, and the placeholders they may use.
+NODE_KINDS: dict[str, Kind] = {"ssh": _token, "fabric_ip": _ipv4, "nic": _nic, "hca": _hca, "docker_host": _token}
+PLACEHOLDERS = frozenset({"rank", *KNOB_DEFAULTS})
+RECIPE_ONLY_ENV = {"VLLM_HOST_IP": "it is derived per rank from fabric_ip",
+                   "VLLM_API_KEY": "a recipe value would appear in argv; set it in the environment"}
+MAX_NODES = 1024
+
+
+def check_value(where: str, value: str, kind: Kind) -> None:
+    """Raise the one line naming where the value came from, the value and what is wrong with it."""
+    problem = kind(value)
+    if problem:
+        raise SparkstackError(f"{where}{show(value)} {problem}")
+
+
+def placeholders(where: str, template: str) -> frozenset[str]:
+    """The knob names (and `rank`) a node template uses; anything else is refused now, not at fill time."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise SparkstackError(f"{where}{show(template)} is not a template ({exc}; "
+                              "write {{ for a literal brace)") from None
+    names = set()
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        if field not in PLACEHOLDERS or spec or conversion:
+            whole = "{" + field + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
+            raise SparkstackError(f"{where}{show(template)} uses the placeholder {show(whole)}: "
+                                  "only {rank} and knob names (e.g. {WORKER_SSH}) are allowed")
+        names.add(field)
+    return frozenset(names)
+
 
 _TOP_KEYS = {
     # the existing shape
@@ -107,14 +323,21 @@ class Recipe:
         return self.status == "blocked"
 
 
+_TOML_TYPES = {str: "a string", int: "an integer", bool: "a boolean", list: "an array", dict: "a table"}
+
+
+def _toml_type(value: object) -> str:
+    return next((name for t, name in _TOML_TYPES.items() if type(value) is t), type(value).__name__)
+
+
 def _check(where: str, table: dict, schema: dict) -> None:
     for key, value in table.items():
         if key not in schema:
-            raise SparkstackError(f"{where}: unknown key {key!r}")
+            raise SparkstackError(f"{where}: unknown key {show(key)}")
         want = schema[key]
         ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
         if not ok:
-            raise SparkstackError(f"{where}: {key} must be {want.__name__}, got {type(value).__name__} {value!r}")
+            raise SparkstackError(f"{where}: {key} must be {_TOML_TYPES[want]}, got {_toml_type(value)} {brief(value)}")
 
 
 def unquote_arg(where: str, arg: object) -> str:
@@ -123,16 +346,48 @@ def unquote_arg(where: str, arg: object) -> str:
     Anything else stays literal: `$`, `;`, `|` and friends are never interpreted.
     """
     if not isinstance(arg, str):
-        raise SparkstackError(f"{where}: args must be strings, got {arg!r}")
+        raise SparkstackError(f"{where}: args must be strings, got {brief(arg)}")
+    if "\0" in arg:  # no argv element can carry a NUL byte
+        raise SparkstackError(f"{where}: arg {show(arg)} holds a NUL byte")
     if len(arg) >= 2 and arg[0] in "'\"" and arg[-1] == arg[0]:
         try:
             words = shlex.split(arg)
         except ValueError as exc:
-            raise SparkstackError(f"{where}: arg {arg!r} is not one shell word ({exc})") from None
+            raise SparkstackError(f"{where}: arg {show(arg)} is not one shell word ({exc})") from None
         if len(words) != 1:
-            raise SparkstackError(f"{where}: arg {arg!r} is several shell words; give each as its own element")
+            raise SparkstackError(f"{where}: arg {show(arg)} is several shell words; give each as its own element")
         return words[0]
     return arg
+
+
+def check_args(where: str, raw: list) -> tuple[str, ...]:
+    """Unquote the args; every known value flag appears once, with a value of its kind.
+
+    `--flag=value` of a known flag is split in two, so a knob finds and replaces it.
+    """
+    args: list[str] = []
+    for a in raw:
+        a = unquote_arg(where, a)
+        flag, eq, value = a.partition("=")
+        args += [flag, value] if eq and flag in VALUE_FLAGS else [a]
+    seen: set[str] = set()
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if flag not in VALUE_FLAGS:
+            i += 1
+            continue
+        same = _SAME_FLAG.get(flag, flag)
+        if same in seen:
+            raise SparkstackError(f"{where}: {flag} appears twice in args")
+        seen.add(same)
+        if i + 1 == len(args):
+            raise SparkstackError(f"{where}: {flag} is the last arg and has no value")
+        if args[i + 1].startswith("-"):
+            raise SparkstackError(f"{where}: {flag} needs a value, got the option {show(args[i + 1])}")
+        check_value(f"{where}: {flag} ", args[i + 1], VALUE_FLAGS[flag])
+        i += 2
+    return tuple(args)
 
 
 def find_recipe(name_or_path: str | None) -> Path:
@@ -140,7 +395,7 @@ def find_recipe(name_or_path: str | None) -> Path:
     p = Path(value)
     if p.suffix == ".toml" or p.is_file():
         if not p.is_file():
-            raise SparkstackError(f"{p}: no such recipe file")
+            raise SparkstackError(f"{show_path(p)}: no such recipe file")
         return p
     if p.is_dir() and (p / "recipe.toml").is_file():
         return p / "recipe.toml"
@@ -148,46 +403,83 @@ def find_recipe(name_or_path: str | None) -> Path:
         candidate = base / value / "recipe.toml"
         if candidate.is_file():
             return candidate
-    raise SparkstackError(f"no recipe {value!r} (looked in {', '.join(str(b) for b in shipped.recipe_dirs()) or 'nowhere: no checkout and no shipped recipes'})")
+    looked = ", ".join(show_path(b) for b in shipped.recipe_dirs()) or "nowhere: no checkout and no shipped recipes"
+    raise SparkstackError(f"no recipe {show(value)} (looked in {looked})")
+
+
+def _read_toml(path: Path, w: str) -> dict:
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # a BOM from a Windows editor is still UTF-8
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start]
+        raise SparkstackError(f"{w}: not UTF-8 text (byte 0x{bad:02x} at offset {exc.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SparkstackError(f"{w}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise SparkstackError(f"{w}: not valid TOML (nested too deeply)") from None
+
+
+def _check_node(where: str, n: object, many: bool) -> NodeSpec:
+    if not isinstance(n, dict):
+        raise SparkstackError(f"{where}: must be a table, got {_toml_type(n)}")
+    _check(where, n, _NODE_KEYS)
+    if "host" not in n:
+        raise SparkstackError(f"{where}: missing key 'host'")
+    check_value(f"{where}: host=", n["host"], _text)
+    where = f"{where} ({n['host']})"
+    if many and "fabric_ip" not in n:
+        raise SparkstackError(f"{where}: missing fabric_ip: with more than one node "
+                              "every rank needs its own fabric address")
+    for key, kind in NODE_KINDS.items():
+        if key in n and not placeholders(f"{where}: {key}=", n[key]):
+            check_value(f"{where}: {key}=", n[key].format(), kind)  # a literal: check it now, not per rank
+    return NodeSpec(n["host"], n.get("ssh"), n.get("fabric_ip"), n.get("nic"), n.get("hca"), n.get("docker_host"))
 
 
 def load_recipe(name_or_path: str | None = None) -> Recipe:
     path = find_recipe(name_or_path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise SparkstackError(f"{path}: not valid TOML ({exc})") from None
-    w = str(path)
+    w = show_path(path)
+    doc = _read_toml(path, w)
     _check(w, doc, _TOP_KEYS)
     for key in ("name", "model", "docker_image"):
         if key not in doc:
             raise SparkstackError(f"{w}: missing key {key!r}")
     if doc.get("engine", "vllm") != "vllm":
-        raise SparkstackError(f"{w}: engine {doc['engine']!r} is not supported (only vllm)")
+        raise SparkstackError(f"{w}: engine {show(doc['engine'])} is not supported (only vllm)")
     status = doc.get("status", "ok")
     if status not in ("ok", "blocked"):
-        raise SparkstackError(f"{w}: status must be \"ok\" or \"blocked\", got {status!r}")
+        raise SparkstackError(f"{w}: status must be \"ok\" or \"blocked\", got {show(status)}")
     if status == "blocked" and not doc.get("blocked_reason"):
         raise SparkstackError(f"{w}: a blocked recipe needs blocked_reason")
-    args = tuple(unquote_arg(w, a) for a in doc.get("args", []))
+    for key, kind in (("name", _text), ("docker_image", _image), ("model", _repo), ("distributed_backend", _word),
+                      ("shm_size", _shm), ("blocked_reason", _line), ("docker_image_dir", _line)):
+        if key in doc:
+            check_value(f"{w}: {key}=", doc[key], kind)
+    for key in ("required_nodes", "tensor_parallel_size", "pipeline_parallel_size"):
+        if key in doc and not 1 <= doc[key] <= MAX_NODES:
+            raise SparkstackError(f"{w}: {key}={doc[key]} is not from 1 to {MAX_NODES}")
+    args = check_args(f"{w} args", doc.get("args", []))
     env = doc.get("env", {})
     knobs = doc.get("knobs", {})
     for table, label in ((env, "env"), (knobs, "knobs")):
         for k, v in table.items():
             if not isinstance(v, str):
-                raise SparkstackError(f"{w} [{label}]: {k} must be a string, got {v!r}")
+                raise SparkstackError(f"{w} [{label}]: {k} must be a string, got {_toml_type(v)} {brief(v)}")
+    for k, v in env.items():
+        if not _ENV_NAME.fullmatch(k):
+            raise SparkstackError(f"{w} [env]: {show(k)} is not an environment variable name")
+        if k in RECIPE_ONLY_ENV:
+            raise SparkstackError(f"{w} [env]: {k} cannot be set in a recipe: {RECIPE_ONLY_ENV[k]}")
+        check_value(f"{w} [env]: {k}=", v, KNOB_KINDS[k] if k in ENV_KNOBS else _no_nul)
     unknown_knobs = set(knobs) - set(KNOB_DEFAULTS)
     if unknown_knobs:
-        raise SparkstackError(f"{w} [knobs]: unknown knob {sorted(unknown_knobs)[0]!r}")
-    nodes = []
-    for i, n in enumerate(doc.get("nodes", [])):
-        where = f"{w} [[nodes]] #{i + 1}"
-        if not isinstance(n, dict):
-            raise SparkstackError(f"{where}: must be a table")
-        _check(where, n, _NODE_KEYS)
-        if "host" not in n:
-            raise SparkstackError(f"{where}: missing key 'host'")
-        nodes.append(NodeSpec(n["host"], n.get("ssh"), n.get("fabric_ip"), n.get("nic"), n.get("hca"), n.get("docker_host")))
+        raise SparkstackError(f"{w} [knobs]: unknown knob {show(sorted(unknown_knobs)[0])}")
+    for k, v in knobs.items():
+        check_value(f"{w} [knobs]: {k}=", v, KNOB_KINDS[k])
+    raw_nodes = doc.get("nodes", [])
+    nodes = [_check_node(f"{w} [[nodes]] #{i + 1}", n, len(raw_nodes) > 1) for i, n in enumerate(raw_nodes)]
     required = doc.get("required_nodes", 2)
     if nodes and len(nodes) != required:
         raise SparkstackError(f"{w}: required_nodes is {required} but {len(nodes)} [[nodes]] are listed")
@@ -195,8 +487,16 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         raise SparkstackError(f"{w}: {required} nodes need a [[nodes]] list (one per rank)")
     drafter = doc.get("drafter", {})
     _check(f"{w} [drafter]", drafter, _DRAFTER_KEYS)
+    if "cache_name_knob" in drafter and drafter["cache_name_knob"] not in CACHE_NAME_KNOBS:
+        raise SparkstackError(f"{w} [drafter]: cache_name_knob={show(drafter['cache_name_knob'])} is not a cache-name "
+                              f"knob ({' or '.join(CACHE_NAME_KNOBS)})")
+    if "method" in drafter:
+        check_value(f"{w} [drafter]: method=", drafter["method"], _word)
     kv = doc.get("kv", {})
     _check(f"{w} [kv]", kv, _KV_KEYS)
+    for key, value in kv.items():
+        if type(value) is int and value < 1:  # page sizes are divisors and token counts divide: 0 is never meant
+            raise SparkstackError(f"{w} [kv]: {key}={value} must be at least 1")
     return Recipe(
         path=path, name=doc["name"], engine="vllm", docker_image=doc["docker_image"],
         docker_image_dir=doc.get("docker_image_dir"), model=doc["model"], required_nodes=required,

@@ -1,0 +1,57 @@
+"""Any value in any knob: the launcher either plans (exit 0) or refuses with one line (exit 1), never a traceback.
+
+In-process with click's CliRunner for speed; catch_exceptions=False lets a traceback fail the test.
+"""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkstack.cli import main
+from sparkstack.recipe import KNOB_DEFAULTS
+
+# Text an environment variable can hold: anything but NUL; lone surrogates only as the escapes of
+# undecodable bytes (what Python makes of a non-UTF-8 byte in the environment).
+ENV_CHAR = st.one_of(st.characters(exclude_categories=("Cs",), exclude_characters="\0"),
+                     st.integers(0xDC80, 0xDCFF).map(chr))
+HOSTILE = st.one_of(
+    st.text(ENV_CHAR, max_size=40),
+    st.just(""),
+    st.integers(-(2**70), 2**70).map(str),
+    st.integers(0, 6000).map(lambda n: "9" * n),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(ENV_CHAR, max_size=20).map(lambda s: "-" + s),
+    st.text(ENV_CHAR, max_size=20).map(lambda s: "--" + s),
+    st.sampled_from(["{rank}", "{", "}", "{0}", "{rank.x}", "/a:/etc", "~", "~root", "0", "1", "65535", "65536",
+                     "0.0", "1.0", "1e3", "+1", " 1", "1\n", "\u202e", "\u2028", "８", "10.0.0.2", "::1",
+                     "a b", "$(id)", "`id`", "%s%n", "\\", "'", '"']),
+)
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("hf")
+
+
+@pytest.mark.parametrize("knob", sorted(KNOB_DEFAULTS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=HOSTILE)
+def test_any_value_plans_or_is_refused_in_one_line(knob, value, hf_home, tmp_path_factory):
+    env = {k: None for k in KNOB_DEFAULTS} | {"VLLM_API_KEY": None, "HF_HOME": str(hf_home), knob: value}
+    result = CliRunner().invoke(main, ["launch", "0", "--dry-run", "--json", "--host-root", str(hf_home)], env=env,
+                                catch_exceptions=False)
+    if result.exit_code == 0:
+        assert result.stderr == "", result.stderr
+        argv = json.loads(result.stdout)["docker_run"]
+        # Whatever was accepted cannot pose as an option or smuggle a line break into the argv.
+        assert not (value.startswith("-") and value in argv), (knob, value)
+        assert not any("\n" in a or "\0" in a for a in argv), (knob, value)
+    else:
+        assert result.exit_code == 1, (knob, value, result.exit_code, result.stderr)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and result.stderr.endswith("\n"), (knob, value, result.stderr)
+        assert lines[0].startswith("sparkstack: error: ") and knob in lines[0], (knob, value, lines)
+        assert "Traceback" not in result.stderr
