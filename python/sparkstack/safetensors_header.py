@@ -137,7 +137,7 @@ def strict_json(raw: bytes) -> Any:
         doc = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant,
                          parse_float=_finite_float, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
-        raise JsonRefused(f"not JSON ({exc})") from None
+        raise JsonRefused(str(exc)) from None
     except RecursionError:
         raise JsonRefused(f"nested more than {MAX_JSON_DEPTH} levels deep") from None
     _check_tree(doc)
@@ -201,7 +201,7 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
     try:
         doc = strict_json(raw)
     except JsonRefused as exc:
-        raise _bad(path, f"header is not valid JSON: {exc}") from None
+        raise _bad(path, f"header is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise _bad(path, f"header JSON is not an object but {json_kind(doc)}")
 
