@@ -111,6 +111,212 @@ def test_bad_input_is_refused_cleanly(tmp_path, run_cli, case, layout):
     _assert_clean_failure(run_cli("strip", src, "--dry-run", "--json"), expect)
 
 
+# ---------------------------------------------------------------- hostile values (Hardening II)
+#
+# Each case: how to spoil a good checkpoint, and what the one error line must name (the file, and the
+# key or value at fault). The corpus aims at Python's json and int handling (depth, long integers, NaN,
+# encodings, lone surrogates) as well as at each field's type and range.
+
+INDEX = "model.safetensors.index.json"
+DEEP = 200_000
+U64_MAX = 2**64 - 1
+
+
+def _write(name: str, content: bytes):
+    return lambda flat: (flat / name).write_bytes(content)
+
+
+def _header_bytes(body: bytes, data_len: int = 16) -> bytes:
+    return struct.pack("<Q", len(body)) + body + b"\0" * data_len
+
+
+def _raw_shard(body: bytes, data_len: int = 16):
+    """MIXED gets this header, and the index goes (the shards are found by name), so the header is the
+    only fault even where a lax parser would accept it."""
+    def make(flat):
+        (flat / MIXED).write_bytes(_header_bytes(body, data_len))
+        (flat / INDEX).unlink()
+    return make
+
+
+def _entry(dtype="U8", shape=(8,), offsets=(0, 8), **extra) -> dict:
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets), **extra}
+
+
+def _json_text(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _config(doc_or_bytes):
+    data = doc_or_bytes if isinstance(doc_or_bytes, bytes) else json.dumps(doc_or_bytes).encode()
+    return _write("config.json", data)
+
+
+def _layers(value):
+    return _config({"architectures": ["X"], "num_hidden_layers": value})
+
+
+def _index(doc_or_bytes):
+    data = doc_or_bytes if isinstance(doc_or_bytes, bytes) else json.dumps(doc_or_bytes).encode()
+    return _write(INDEX, data)
+
+
+def _index_with(**changes):
+    def make(flat):
+        idx = json.loads((flat / INDEX).read_text())
+        idx.update(changes)
+        (flat / INDEX).write_text(json.dumps(idx))
+    return make
+
+
+def _splice_index(old: bytes, new: bytes):
+    """Edit the index's JSON text directly, for what json.dumps cannot write (duplicates, NaN)."""
+    def make(flat):
+        raw = json.dumps(json.loads((flat / INDEX).read_text())).encode()
+        assert old in raw
+        (flat / INDEX).write_bytes(raw.replace(old, new, 1))
+    return make
+
+
+NESTED = b"[" * DEEP + b"]" * DEEP
+BIG_INT = b"9" * 5000  # past Python's 4300-digit int conversion limit
+HUGE_INT = int("9" * 4000)  # parseable, absurd
+
+HOSTILE = {
+    # --- safetensors header
+    "header nested 200,000 deep": (_raw_shard(b'{"a": ' + NESTED + b"}"), (MIXED, "nested")),
+    "header integer of 5000 digits": (_raw_shard(b'{"a": {"dtype": "U8", "shape": [' + BIG_INT + b'], "data_offsets": [0, 16]}}'),
+                                      (MIXED, "digits")),
+    "header offset of 4000 digits": (_shard_with({"a": _entry(offsets=(0, HUGE_INT))}, 8), (MIXED, "'a'", "data_offsets")),
+    "header offset of 2^64": (_shard_with({"a": _entry(offsets=(0, 2**64))}, 8), (MIXED, "'a'", "data_offsets")),
+    "header dim of 4000 digits": (_shard_with({"a": _entry(shape=(HUGE_INT,))}, 8), (MIXED, "'a'", "shape")),
+    "header dims whose product overflows u64": (_shard_with({"a": _entry("F32", (2**32, 2**32, 2), (0, 8))}, 8),
+                                                 (MIXED, "'a'", "overflow")),
+    "header dim of u64 max times 2 bytes": (_shard_with({"a": _entry("F16", (U64_MAX,), (0, 8))}, 8), (MIXED, "'a'", "overflow")),
+    "header negative dim": (_shard_with({"a": _entry(shape=(-1,))}, 8), (MIXED, "'a'", "shape", "-1")),
+    "header negative offset": (_shard_with({"a": _entry(offsets=(-8, 0))}, 8), (MIXED, "'a'", "data_offsets", "-8")),
+    "header NaN in an entry": (_raw_shard(b'{"a": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16], "x": NaN}}'),
+                               (MIXED, "NaN")),
+    "header Infinity as a dim": (_raw_shard(b'{"a": {"dtype": "U8", "shape": [Infinity], "data_offsets": [0, 16]}}'),
+                                 (MIXED, "Infinity")),
+    "header 1e999 as an offset": (_raw_shard(b'{"a": {"dtype": "U8", "shape": [16], "data_offsets": [0, 1e999]}}'),
+                                  (MIXED, "1e999")),
+    "header float dim": (_shard_with({"a": _entry(shape=(8.0,))}, 8), (MIXED, "'a'", "shape", "8.0")),
+    "header boolean offsets": (_shard_with({"a": _entry(offsets=(False, True))}, 1), (MIXED, "'a'", "data_offsets")),
+    "header three offsets": (_shard_with({"a": _entry(offsets=(0, 4, 8))}, 8), (MIXED, "'a'", "data_offsets")),
+    "header shape is an object": (_shard_with({"a": _entry(shape={"0": 8})}, 8), (MIXED, "'a'", "shape")),
+    "header __metadata__ with a number": (_shard_with({"__metadata__": {"format": "pt", "n": 1}, "a": _entry()}, 8),
+                                          (MIXED, "__metadata__", "'n'")),
+    "header __metadata__ with an object": (_shard_with({"__metadata__": {"nested": {"x": "y"}}, "a": _entry()}, 8),
+                                           (MIXED, "__metadata__", "'nested'")),
+    "header __metadata__ is an array": (_shard_with({"__metadata__": ["format", "pt"], "a": _entry()}, 8),
+                                        (MIXED, "__metadata__")),
+    "header dtype is an array": (_shard_with({"a": _entry(dtype=["U8"])}, 8), (MIXED, "'a'", "dtype")),
+    "header dtype missing": (_shard_with({"a": {"shape": [8], "data_offsets": [0, 8]}}, 8), (MIXED, "'a'", "dtype")),
+    "header entry is a number": (_shard_with({"a": 7}, 0), (MIXED, "'a'")),
+    "header is an array": (_raw_shard(b"[]", 0), (MIXED, "object")),
+    "header is null": (_raw_shard(b"null", 0), (MIXED, "object")),
+    "header of only spaces": (_raw_shard(b" " * 8, 0), (MIXED,)),
+    "header not UTF-8": (_raw_shard(b'{"a\xff": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}}'), (MIXED, "UTF-8")),
+    "header starts with a BOM": (_raw_shard(b'\xef\xbb\xbf{"a": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}}'),
+                                 (MIXED, "BOM")),
+    "header tensor name with a lone surrogate": (_raw_shard(b'{"model.norm\\ud800": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}, '
+                                                            b'"model.layers.3.w": {"dtype": "U8", "shape": [8], "data_offsets": [8, 16]}}'),
+                                                 (MIXED, "surrogate")),
+    "header key twice inside an entry": (_raw_shard(b'{"a": {"dtype": "U8", "dtype": "F32", "shape": [16], "data_offsets": [0, 16]}}'),
+                                         (MIXED, "'dtype'", "twice")),
+    "header length of u64 max": (_write(MIXED, struct.pack("<Q", U64_MAX) + b"{}"), (MIXED,)),
+    "empty shard file": (_write(MIXED, b""), (MIXED, "shorter than")),
+    "F4 tensor that ends mid-byte": (_shard_with({"a": _entry("F4", (3,), (0, 2))}, 2), (MIXED, "'a'", "byte")),
+    "F6 tensor that ends mid-byte": (_shard_with({"a": _entry("F6_E2M3", (3,), (0, 3))}, 3), (MIXED, "'a'", "byte")),
+    "megabyte tensor name with a bad dtype": (_shard_with({"x" * 1_000_000: _entry(dtype="Q9")}, 8), (MIXED, "dtype")),
+    # --- config.json
+    "config nested 200,000 deep": (_config(b'{"a": ' + NESTED + b"}"), ("config.json", "nested")),
+    "config integer of 5000 digits": (_config(b'{"num_hidden_layers": 3, "vocab_size": ' + BIG_INT + b"}"),
+                                      ("config.json", "digits")),
+    "config num_hidden_layers of 4000 digits": (_layers(HUGE_INT), ("config.json", "num_hidden_layers")),
+    "config num_hidden_layers 0": (_layers(0), ("config.json", "num_hidden_layers", "0")),
+    "config num_hidden_layers negative": (_layers(-3), ("config.json", "num_hidden_layers", "-3")),
+    "config num_hidden_layers a string": (_layers("3"), ("config.json", "num_hidden_layers", "'3'")),
+    "config num_hidden_layers a float": (_layers(3.0), ("config.json", "num_hidden_layers", "3.0")),
+    "config num_hidden_layers true": (_layers(True), ("config.json", "num_hidden_layers", "true")),
+    "config num_hidden_layers a billion": (_layers(10**9), ("config.json", "num_hidden_layers", "1000000000")),
+    "config text_config is an array": (_config({"num_hidden_layers": 3, "text_config": [{"num_hidden_layers": 3}]}),
+                                       ("config.json", "text_config")),
+    "config text_config is a string": (_config({"num_hidden_layers": 3, "text_config": "llama"}), ("config.json", "text_config")),
+    "config text_config num_hidden_layers of 4000 digits": (_config({"text_config": {"num_hidden_layers": HUGE_INT}}),
+                                                            ("config.json", "text_config", "num_hidden_layers")),
+    "config is an array": (_config([{"num_hidden_layers": 3}]), ("config.json", "object")),
+    "config is null": (_config(b"null"), ("config.json", "object")),
+    "index is null": (_index(b"null"), (INDEX, "object")),
+    "config empty": (_config(b""), ("config.json",)),
+    "config not UTF-8": (_config(b'{"num_hidden_layers": 3, "name": "caf\xe9"}'), ("config.json", "UTF-8")),
+    "config in UTF-16": (_config('{"num_hidden_layers": 3}'.encode("utf-16")), ("config.json", "UTF-8")),
+    "config starts with a BOM": (_config(b'\xef\xbb\xbf{"num_hidden_layers": 3}'), ("config.json", "BOM")),
+    "config NaN": (_config(b'{"num_hidden_layers": 3, "rope_theta": NaN}'), ("config.json", "NaN")),
+    "config -Infinity": (_config(b'{"num_hidden_layers": 3, "rope_theta": -Infinity}'), ("config.json", "Infinity")),
+    "config 1e999": (_config(b'{"num_hidden_layers": 3, "rope_theta": 1e999}'), ("config.json", "1e999")),
+    "config num_hidden_layers twice": (_config(b'{"num_hidden_layers": 3, "num_hidden_layers": 50}'),
+                                       ("config.json", "num_hidden_layers", "twice")),
+    "config lone surrogate": (_config(b'{"num_hidden_layers": 3, "name": "\\ud800"}'), ("config.json", "surrogate")),
+    # --- model.safetensors.index.json
+    "index nested 200,000 deep": (_index(b'{"weight_map": {}, "a": ' + NESTED + b"}"), (INDEX, "nested")),
+    "index integer of 5000 digits": (_splice_index(b'"total_size": ', b'"total_size": ' + BIG_INT + b', "was": '),
+                                     (INDEX, "digits")),
+    "index weight_map is an array": (_index_with(weight_map=[["model.norm.weight", MIXED]]), (INDEX, "weight_map")),
+    "index weight_map is a string": (_index_with(weight_map=MIXED), (INDEX, "weight_map")),
+    "index weight_map missing": (_index({"metadata": {}}), (INDEX, "weight_map")),
+    "index weight_map value a number": (_index_edit(lambda wm: wm.update({"model.norm.weight": 2})),
+                                        (INDEX, "weight_map", "'model.norm.weight'")),
+    "index weight_map value null": (_index_edit(lambda wm: wm.update({"model.norm.weight": None})),
+                                    (INDEX, "weight_map", "'model.norm.weight'")),
+    "index weight_map value an array": (_index_edit(lambda wm: wm.update({"model.norm.weight": [MIXED]})),
+                                        (INDEX, "weight_map", "'model.norm.weight'")),
+    "index weight_map value empty": (_index_edit(lambda wm: wm.update({"model.norm.weight": ""})),
+                                     (INDEX, "weight_map", "'model.norm.weight'")),
+    "index weight_map names config.json": (_index_edit(lambda wm: wm.update({"model.norm.weight": "config.json"})),
+                                           ("config.json", "safetensors")),
+    "index weight_map key twice": (_splice_index(b'"model.norm.weight": ', b'"model.norm.weight": "model-00001-of-00003.safetensors", "model.norm.weight": '),
+                                   (INDEX, "'model.norm.weight'", "twice")),
+    "index metadata is an array": (_index_with(metadata=["total_size"]), (INDEX, "metadata")),
+    "index metadata is a string": (_index_with(metadata="big"), (INDEX, "metadata")),
+    "index metadata is a number": (_index_with(metadata=5), (INDEX, "metadata")),
+    "index is an array": (_index([{"weight_map": {}}]), (INDEX, "object")),
+    "index NaN": (_splice_index(b'"total_size": ', b'"total_size": NaN, "was": '), (INDEX, "NaN")),
+    "index empty": (_index(b""), (INDEX,)),
+    "index not UTF-8": (_splice_index(b'"metadata": {', b'"metadata": {"caf\xe9": 1, '), (INDEX, "UTF-8")),
+    "index in UTF-16": (lambda flat: (flat / INDEX).write_bytes((flat / INDEX).read_text().encode("utf-16")), (INDEX, "UTF-8")),
+    "index lone surrogate in a tensor name": (_index_edit(lambda wm: wm.update({"model.norm.weight\ud800": MIXED})),
+                                              (INDEX, "surrogate")),
+}
+
+
+def _assert_one_line_naming(proc, expects: tuple[str, ...]):
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr[-2000:]
+    line = lines[0]
+    assert line.startswith("sparkstack: error: ")
+    assert len(line) < 1000, f"not a clear line: {len(line)} chars"
+    for text in expects:
+        assert text.lower() in line.lower(), f"{text!r} not in {line!r}"
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+@pytest.mark.parametrize("layout", ["flat", "cache"])
+def test_hostile_value_gets_one_clear_line(tmp_path, run_cli, case, layout):
+    make, expects = HOSTILE[case]
+    flat = tmp_path / "model"
+    synth.write_model_dir(flat)
+    make(flat)
+    src = synth.cache_from_dir(flat, tmp_path / "hub") if layout == "cache" else flat
+    before = synth.tree_digest(tmp_path)
+    _assert_one_line_naming(run_cli("strip", src), expects)
+    assert synth.tree_digest(tmp_path) == before  # nothing written anywhere, staging and lock file included
+
+
 @pytest.mark.parametrize("what", ["empty dir", "missing", "a file", "entry without refs", "refs/main escapes"])
 def test_src_that_is_not_a_model(tmp_path, run_cli, what):
     src = tmp_path / "x"

@@ -103,7 +103,8 @@ def strip(src: Path, out: Path | None, index_only: bool, dry_run: bool, as_json:
         return
     total = sum(s.out_size - len(s.new_prefix) for s in plan.shards if s.action == "rewrite")
     with _progress("rewriting shards", total, enabled=not plan.up_to_date and total > 0) as advance:
-        result = apply_plan(plan, on_progress=advance)
+        result = apply_plan(plan, on_progress=advance, on_wait=lambda dest, pid: click.echo(
+            f"sparkstack: waiting for another strip of {dest}" + (f" (pid {pid})" if pid else ""), err=True))
     if as_json:
         _print_json({"plan": plan.to_json(), "result": result.to_json()})
     elif result.up_to_date:

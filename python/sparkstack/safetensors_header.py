@@ -8,25 +8,55 @@ must tile it exactly: no gap, no overlap, nothing past the end.
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
+import reprlib
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from sparkstack.errors import SparkstackError
 
-# Bits per element. Sub-byte types pack; a tensor's byte length is ceil(numel * bits / 8).
+# Bits per element: every dtype of the reference implementation (safetensors 0.8's Dtype enum).
+# Sub-byte types pack; like the reference, a tensor must fill a whole number of bytes.
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
     "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
     "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
     "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }
 
 # The reference implementation refuses headers above 100 MB; so do we, before allocating.
 MAX_HEADER_BYTES = 100_000_000
 METADATA_KEY = "__metadata__"
+# Offsets and dims are u64 in the format, and the reference refuses a size that overflows one.
+U64_MAX = 2**64 - 1
+# serde_json's recursion limit: no JSON file a Rust reader accepts nests deeper.
+MAX_JSON_DEPTH = 128
+# Python refuses to convert longer integers (and to print them); refuse them first, with a clear reason.
+MAX_INT_DIGITS = 4300
+
+
+class _ShortRepr(reprlib.Repr):
+    """Values quoted in an error are cut short (a hostile value may be megabytes long), with JSON's literals."""
+
+    def repr_bool(self, value: bool, level: int) -> str:
+        return "true" if value else "false"
+
+    def repr_NoneType(self, value: None, level: int) -> str:
+        return "null"
+
+
+_short = _ShortRepr()
+_short.maxstring = _short.maxother = _short.maxlong = 60
+_short.maxlist = _short.maxdict = 6
+_short.maxlevel = 2
+
+
+def show(value: object) -> str:
+    """A short repr of a user's value, safe to put in a one-line error."""
+    return _short.repr(value)
 
 
 @dataclass(frozen=True)
@@ -65,9 +95,10 @@ def _bad(path: str, why: str) -> SparkstackError:
     return SparkstackError(f"{path}: not a valid safetensors file: {why}")
 
 
-def read_header(path: str | os.PathLike) -> ShardHeader:
-    """Read and fully validate the header of one safetensors file."""
-    shown = str(path)
+def read_header(path: str | os.PathLike, shown: str | None = None) -> ShardHeader:
+    """Read and fully validate the header of one safetensors file. Errors name it `shown` (default: `path`);
+    a cache blob is better named by the snapshot file the user knows."""
+    shown = str(path) if shown is None else shown
     try:
         with open(path, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
@@ -85,23 +116,103 @@ def read_header(path: str | os.PathLike) -> ShardHeader:
     return parse_header(raw, file_size, shown)
 
 
+class JsonRefused(ValueError):
+    """JSON that strict_json refuses; str() is a one-line reason."""
+
+
+def strict_json(raw: bytes) -> Any:
+    """Parse JSON no more leniently than serde_json, the reference safetensors reader (and tokenizers):
+    UTF-8 without a byte-order mark, no NaN or Infinity, no duplicate keys, nesting and integers bounded.
+
+    Python's own json is laxer on each count, and some lax inputs crash it (RecursionError,
+    ValueError on long integers). Raises JsonRefused with a one-line reason.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JsonRefused(f"not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    if text.startswith("\ufeff"):
+        raise JsonRefused("starts with a byte-order mark (BOM); JSON must be plain UTF-8")
+    try:
+        doc = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant,
+                         parse_float=_finite_float, parse_int=_bounded_int)
+    except json.JSONDecodeError as exc:
+        raise JsonRefused(str(exc)) from None
+    except RecursionError:
+        raise JsonRefused(f"nested more than {MAX_JSON_DEPTH} levels deep") from None
+    _check_tree(doc)
+    return doc
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JsonRefused(f"key {show(key)} appears twice in one object")
+            seen.add(key)
+    return doc
+
+
+def _refuse_constant(name: str) -> float:
+    raise JsonRefused(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise JsonRefused(f"number {show(text)} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise JsonRefused(f"an integer of {len(text.lstrip('-'))} digits (more than {MAX_INT_DIGITS})")
+    return int(text)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_tree(doc: object) -> None:
+    """Depth within MAX_JSON_DEPTH, and no string holding a lone surrogate (a `\\ud800` escape), which
+    serde_json refuses and no UTF-8 writer can write back. Iterative, so depth cannot exhaust the stack."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if _LONE_SURROGATE.search(node):
+                raise JsonRefused(f"string {show(node)} holds a lone surrogate escape, which is not Unicode")
+            continue
+        if isinstance(node, dict):
+            stack.extend((key, depth) for key in node)
+            node = list(node.values())
+        elif not isinstance(node, list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise JsonRefused(f"nested more than {MAX_JSON_DEPTH} levels deep")
+        stack.extend((child, depth + 1) for child in node)
+
+
 def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHeader:
     """Validate header JSON bytes against the size of the file they came from."""
     header_len = len(raw)
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(path, f"header is not JSON ({exc})") from None
-    except _DuplicateKey as exc:
-        raise _bad(path, f"tensor name {exc.args[0]!r} appears twice in the header") from None
+        doc = strict_json(raw)
+    except JsonRefused as exc:
+        raise _bad(path, f"header is not JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise _bad(path, "header JSON is not an object")
+        raise _bad(path, f"header JSON is not an object but {json_kind(doc)}")
 
     metadata: tuple[tuple[str, str], ...] = ()
     if METADATA_KEY in doc:
         meta = doc[METADATA_KEY]
-        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-            raise _bad(path, "__metadata__ must map strings to strings")
+        if not isinstance(meta, dict):
+            raise _bad(path, f"__metadata__ must be an object of strings, not {json_kind(meta)}")
+        for key, value in meta.items():
+            if not isinstance(value, str):
+                raise _bad(path, f"__metadata__ value of {show(key)} is {show(value)}; values must be strings")
         metadata = tuple(meta.items())
 
     tensors = []
@@ -115,11 +226,11 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
     cursor = 0
     for t in tensors:
         if t.end > data_size:
-            raise _bad(path, f"tensor {t.name!r} ends at {t.end}, past the {data_size}-byte data section")
+            raise _bad(path, f"tensor {show(t.name)} ends at {t.end}, past the {data_size}-byte data section")
         if t.begin < cursor:
-            raise _bad(path, f"tensor {t.name!r} overlaps the previous tensor (starts at {t.begin}, previous ends at {cursor})")
+            raise _bad(path, f"tensor {show(t.name)} overlaps the previous tensor (starts at {t.begin}, previous ends at {cursor})")
         if t.begin > cursor:
-            raise _bad(path, f"gap of {t.begin - cursor} bytes before tensor {t.name!r}: offsets do not cover the data")
+            raise _bad(path, f"gap of {t.begin - cursor} bytes before tensor {show(t.name)}: offsets do not cover the data")
         cursor = t.end
     if cursor != data_size:
         raise _bad(path, f"offsets cover {cursor} of {data_size} data bytes: trailing bytes are not covered")
@@ -127,44 +238,59 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
     return ShardHeader(path=path, header_len=header_len, file_size=file_size, metadata=metadata, tensors=tuple(tensors))
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        seen = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(key)
-            seen.add(key)
-    return doc
+def json_kind(value: object) -> str:
+    """'an object', 'an array', ...: what a JSON value is, for error messages."""
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
 
 
 def _parse_entry(path: str, name: str, entry: object) -> TensorEntry:
+    tensor = f"tensor {show(name)}"
     if not isinstance(entry, dict):
-        raise _bad(path, f"entry {name!r} is not an object")
+        raise _bad(path, f"{tensor}: entry is {json_kind(entry)}, not an object")
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
-        raise _bad(path, f"tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        raise _bad(path, f"tensor {name!r} has a bad shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(o) for o in offsets)):
-        raise _bad(path, f"tensor {name!r} has bad data_offsets {offsets!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise _bad(path, f"{tensor} has unknown dtype {show(dtype)}")
+    if not isinstance(shape, list):
+        raise _bad(path, f"{tensor} has a bad shape {show(shape)}: not an array")
+    for i, dim in enumerate(shape):
+        if not _is_u64(dim):
+            raise _bad(path, f"{tensor} has a bad shape: shape[{i}] is {show(dim)}, not an integer from 0 to 2^64-1")
+    if not (isinstance(offsets, list) and len(offsets) == 2):
+        raise _bad(path, f"{tensor} has bad data_offsets {show(offsets)}: not a [begin, end] pair")
+    for i, off in enumerate(offsets):
+        if not _is_u64(off):
+            raise _bad(path, f"{tensor} has bad data_offsets: data_offsets[{i}] is {show(off)}, "
+                             "not an integer from 0 to 2^64-1")
     begin, end = offsets
     if end < begin:
-        raise _bad(path, f"tensor {name!r} has data_offsets that end before they begin ({begin}, {end})")
-    expected = math.ceil(math.prod(shape) * DTYPE_BITS[dtype] / 8)
-    if end - begin != expected:
-        raise _bad(path, f"tensor {name!r} spans {end - begin} bytes but {dtype}{shape} needs {expected}")
+        raise _bad(path, f"{tensor} has data_offsets that end before they begin ({begin}, {end})")
+    bits = _size_in_bits(shape, DTYPE_BITS[dtype])
+    if bits is None:
+        raise _bad(path, f"{tensor}: the size of {dtype}{show(shape)} overflows 64 bits")
+    if bits % 8:
+        raise _bad(path, f"{tensor}: {dtype}{show(shape)} is {bits} bits, not a whole number of bytes")
+    if end - begin != bits // 8:
+        raise _bad(path, f"{tensor} spans {end - begin} bytes but {dtype}{show(shape)} needs {bits // 8}")
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 
-def _is_uint(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _is_u64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
+
+
+def _size_in_bits(shape: list[int], bits: int) -> int | None:
+    """numel * bits, or None once it passes u64, folding in order as the reference does (so a later 0 does
+    not rescue an overflow, and a hostile shape costs no big-number arithmetic)."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
+        if numel > U64_MAX:
+            return None
+    total = numel * bits
+    return total if total <= U64_MAX else None
 
 
 def encode_header(metadata: tuple[tuple[str, str], ...], tensors: tuple[TensorEntry, ...]) -> tuple[bytes, tuple[TensorEntry, ...]]:

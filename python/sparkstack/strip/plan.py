@@ -12,8 +12,9 @@ from typing import Any
 from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import ModelSource, SourceFile, read_ref, snapshot_dir
-from sparkstack.safetensors_header import ShardHeader, TensorEntry, encode_header, read_header
-from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers
+from sparkstack.safetensors_header import (JsonRefused, ShardHeader, TensorEntry, encode_header, json_kind,
+                                           read_header, show, strict_json)
+from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers, numbered_outside_text_stack
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -111,13 +112,40 @@ class StripPlan:
 
 
 def _load_json(source: ModelSource, relpath: str) -> Any:
+    """The file's JSON (the caller checks it is there). Strict (see strict_json): we rewrite these
+    files, and what we write must load everywhere."""
     f = source.file(relpath)
     if f is None:
-        return None
+        raise SparkstackError(f"{source.model_dir / relpath}: missing")
     try:
-        return json.loads(f.path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SparkstackError(f"{source.model_dir / relpath}: not valid JSON ({exc})") from None
+        return strict_json(f.path.read_bytes())
+    except JsonRefused as exc:
+        raise SparkstackError(f"{source.model_dir / relpath}: not valid JSON: {exc}") from None
+
+
+def _check_config(config: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(config, dict):
+        raise SparkstackError(f"{path}: must be a JSON object, not {json_kind(config)}")
+    text = config.get("text_config")
+    # null is how transformers serialises "no sub-config"; anything else must be an object we can edit.
+    if text is not None and not isinstance(text, dict):
+        raise SparkstackError(f"{path}: text_config must be an object, not {json_kind(text)} {show(text)}")
+    return config
+
+
+def _check_index(index: Any, path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """(weight_map, metadata) of a model.safetensors.index.json, each value checked."""
+    if not isinstance(index, dict):
+        raise SparkstackError(f"{path}: must be a JSON object, not {json_kind(index)}")
+    if "weight_map" not in index:
+        raise SparkstackError(f"{path}: has no weight_map")
+    wm = index["weight_map"]
+    if not isinstance(wm, dict):
+        raise SparkstackError(f"{path}: weight_map must be an object of tensor name -> shard file, not {json_kind(wm)}")
+    metadata = index.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise SparkstackError(f"{path}: metadata must be an object, not {json_kind(metadata)} {show(metadata)}")
+    return {k: _safe_shard_name(k, v, path) for k, v in wm.items()}, metadata or {}
 
 
 def _dump_json(doc: Any) -> bytes:
@@ -126,10 +154,10 @@ def _dump_json(doc: Any) -> bytes:
 
 def _safe_shard_name(key: str, name: object, where: Path) -> str:
     if not isinstance(name, str) or not name:
-        raise SparkstackError(f"{where}: weight_map entry {key!r} is not a file name: {name!r}")
+        raise SparkstackError(f"{where}: weight_map entry {show(key)} is not a file name: {show(name)}")
     norm = posixpath.normpath(name)
     if name.startswith("/") or "\\" in name or norm.startswith("../") or norm == ".." or norm != name:
-        raise SparkstackError(f"{where}: weight_map entry {key!r} points outside the model dir: {name!r}")
+        raise SparkstackError(f"{where}: weight_map entry {show(key)} points outside the model dir: {show(name)}")
     return name
 
 
@@ -138,21 +166,19 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
     _refuse_overlap(source.root, dest_root)
     outputs.claim_dir(dest_root, COMMAND)
     warnings: list[str] = []
-    config = _load_json(source, CONFIG_NAME)
-    if not isinstance(config, dict):
-        raise SparkstackError(f"{source.model_dir / CONFIG_NAME}: missing or not a JSON object")
-    layers = num_hidden_layers(config)
+    config_path = source.model_dir / CONFIG_NAME
+    config = _check_config(_load_json(source, CONFIG_NAME), config_path)
+    layers = num_hidden_layers(config, str(config_path))
     if layers.source == "default":
         warnings.append(f"config.json has no num_hidden_layers; assuming {layers.value} (MTP at layer {layers.value})")
 
-    index = _load_json(source, INDEX_NAME)
+    has_index = source.file(INDEX_NAME) is not None
+    index = _load_json(source, INDEX_NAME) if has_index else None
     index_path = source.model_dir / INDEX_NAME
     weight_map: dict[str, str] = {}
-    if index is not None:
-        wm = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(wm, dict):
-            raise SparkstackError(f"{index_path}: has no weight_map object")
-        weight_map = {k: _safe_shard_name(k, v, index_path) for k, v in wm.items()}
+    index_metadata: dict[str, Any] = {}
+    if has_index:
+        weight_map, index_metadata = _check_index(index, index_path)
 
     # vLLM in this image globs the top-level *.safetensors files, so each one counts, indexed or not.
     shard_names = sorted({f.relpath for f in source.files if "/" not in f.relpath and f.relpath.endswith(".safetensors")}
@@ -164,14 +190,14 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
     for name in shard_names:
         sf = source.file(name)
         if sf is None:
-            raise SparkstackError(f"{index_path}: names shard {name!r}, which is not in {source.model_dir}")
-        header = read_header(sf.path)
+            raise SparkstackError(f"{index_path}: names shard {show(name)}, which is not in {source.model_dir}")
+        header = read_header(sf.path, shown=str(source.model_dir / name))
         shards.append((sf, header))
 
     present = {(sf.relpath, t.name) for sf, h in shards for t in h.tensors}
     for key, shard in weight_map.items():
         if (shard, key) not in present:
-            raise SparkstackError(f"{index_path}: maps {key!r} to {shard!r}, but that shard has no such tensor")
+            raise SparkstackError(f"{index_path}: maps {show(key)} to {show(shard)}, but that shard has no such tensor")
 
     shard_plans = tuple(_plan_shard(sf, h, layers.value, index_only) for sf, h in shards)
     dropped = {k for s in shard_plans for k in s.dropped}
@@ -181,13 +207,17 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
                         "so MTP tensors left in the shards will still be loaded")
     if not dropped:
         warnings.append("no MTP tensors found; the output differs from the source only in config.json")
+    outside = numbered_outside_text_stack((t.name for _, h in shards for t in h.tensors), layers.value)
+    if outside:
+        warnings.append(f"{len(outside)} tensor(s) outside the language model's decoder stack have a layer index "
+                        f">= num_hidden_layers ({layers.value}) and are kept, e.g. {show(outside[0])}")
 
     new_files = [(CONFIG_NAME, _dump_json(config_without_mtp(config)))]
-    if index is not None:
+    if has_index:
         new_index = dict(index)
         new_wm = {k: v for k, v in weight_map.items() if k not in dropped}
         sizes = {t.name: t.nbytes for _, h in shards for t in h.tensors}
-        new_index["metadata"] = dict(index.get("metadata") or {}, total_size=sum(sizes[k] for k in new_wm))
+        new_index["metadata"] = dict(index_metadata, total_size=sum(sizes[k] for k in new_wm))
         new_index["weight_map"] = new_wm
         new_files.append((INDEX_NAME, _dump_json(new_index)))
     new_names = {n for n, _ in new_files} | set(shard_names)
@@ -199,7 +229,7 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
         source=source, dest=dest, index_only=index_only,
         num_layers=layers.value, num_layers_source=layers.source,
         shards=shard_plans, new_files=tuple(new_files), carried=carried,
-        fingerprint=fingerprint, up_to_date=_is_up_to_date(dest, fingerprint),
+        fingerprint=fingerprint, up_to_date=is_up_to_date(dest, fingerprint),
         warnings=tuple(warnings),
     )
 
@@ -238,10 +268,11 @@ def _fingerprint(source: ModelSource, index_only: bool) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _is_up_to_date(dest: Destination, fingerprint: str) -> bool:
+def is_up_to_date(dest: Destination, fingerprint: str) -> bool:
+    """The output at `dest` was made from exactly these inputs, and every file it recorded is still there, at its size."""
     try:
         stamp = json.loads(dest.stamp.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     if not isinstance(stamp, dict) or stamp.get("fingerprint") != fingerprint:
         return False
@@ -251,10 +282,10 @@ def _is_up_to_date(dest: Destination, fingerprint: str) -> bool:
                 return False
         except SparkstackError:
             return False
-    outputs = stamp.get("outputs")
-    if not isinstance(outputs, dict):
+    sizes = stamp.get("outputs")
+    if not isinstance(sizes, dict):
         return False
-    for relpath, size in outputs.items():
+    for relpath, size in sizes.items():
         p = dest.model_dir / relpath
         if not p.is_file() or p.stat().st_size != size:
             return False
