@@ -10,12 +10,10 @@ changed tree): that proves the recorder and the snapshots can see an act.
 """
 
 import hashlib
-import json
 import os
 import shlex
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -23,6 +21,7 @@ import pytest
 
 import hostfix
 import imagefix as fx
+import standins
 import synth
 from conftest import sparkstack_cmd
 from sparkstack.cli import main
@@ -31,28 +30,6 @@ from sparkstack.cli import main
 READ_ONLY_DOCKER = {"inspect", "ps", "images", "logs", "version"}
 READ_ONLY_PROGRAMS = {"printenv"}
 
-RECORDER = r'''#!{python}
-import json, os, shlex, subprocess, sys
-name = os.path.basename(sys.argv[0])
-with open(os.environ["RECORD_LOG"], "a") as log:
-    log.write(json.dumps([name] + sys.argv[1:]) + "\n")
-if name == "ssh":
-    # Run the remote command here, through the same stand-ins, so its docker calls are judged too.
-    args = sys.argv[1:]
-    command = args[args.index("--") + 1]
-    sys.exit(subprocess.call(shlex.split(command)))
-if name == "docker":
-    args = [a for a in sys.argv[1:]]
-    if args[:1] == ["-H"]:
-        args = args[2:]
-    if args[:2] == ["image", "inspect"]:
-        print("sha256:" + "ab" * 32)
-    elif args[:1] == ["inspect"]:
-        print("running 2026-11-29T00:00:00.000000000Z sha256:" + "ab" * 32)
-    elif args[:1] == ["run"]:
-        print("c0ffee")
-sys.exit(0)
-'''
 
 # command path -> (argument lists, each run with and without --dry-run; True when the command never acts)
 INVOCATIONS = {
@@ -97,11 +74,7 @@ def test_every_command_takes_dry_run(path):
 def world(tmp_path):
     w = {"tmp": tmp_path}
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("docker", "ssh", "rsync", "nvidia-smi", "sysctl", "sync"):
-        p = bin_dir / name
-        p.write_text(RECORDER.replace("{python}", sys.executable))
-        p.chmod(0o755)
+    standins.install(bin_dir)
     home = tmp_path / "home"
     home.mkdir()
     hostfix.write_hub(tmp_path / "hf")
@@ -167,9 +140,7 @@ def snapshot(w: dict) -> dict[str, tuple]:
 
 
 def recorded(w: dict) -> list[list[str]]:
-    if not w["log"].exists():
-        return []
-    return [json.loads(line) for line in w["log"].read_text().splitlines()]
+    return standins.recorded(w["log"])
 
 
 def is_read_only(call: list[str]) -> bool:

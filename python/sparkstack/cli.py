@@ -351,6 +351,9 @@ def pin_overlay(overlay_dir, overlay_src, wheel_dir, dry_run, as_json) -> None:
 @main.command()
 @click.argument("target")
 @click.option("--recipe", default=None, help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. Default: glm53-flash-dflash2-nvfp4.")
+@click.option("--image", "image", default=None,
+              help="A built OCI layout (loaded on the head where missing, run by its content-addressed tag) or an "
+                   "image reference. The IMAGE environment knob wins over it; it wins over the recipe.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and preflight from local facts; start or stop nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--probe", is_flag=True, help="With --dry-run: also ask every rank's docker (over ssh) for image and containers.")
@@ -370,16 +373,16 @@ def pin_overlay(overlay_dir, overlay_src, wheel_dir, dry_run, as_json) -> None:
 @click.option("--worker-delay", type=FiniteFloat(0, 3600), default=20.0, show_default=True,
               envvar="WORKER_DELAY", help="Seconds between the workers and the head (env WORKER_DELAY).")
 @one_line_errors
-def launch(target, recipe, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
+def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
            min_free_mem_gib, health_interval, health_attempts, worker_delay) -> None:
     """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
     from sparkstack.launch import apply as launch_apply
     from sparkstack.launch import report
-    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.plan import build_plan, image_flag
     from sparkstack.launch.preflight import Thresholds, run_preflight, runner_for
     from sparkstack.recipe import load_recipe
 
-    plan = build_plan(load_recipe(recipe), os.environ, profile)
+    plan = build_plan(load_recipe(recipe), os.environ, profile, image_flag(image) if image is not None else None)
     runners = {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
     say = functools.partial(click.echo, err=as_json)  # with --json, progress goes to stderr
     if target == "stop":

@@ -31,7 +31,7 @@ FORMAT_VERSION = 1
 class ExistingOutput:
     """The image already at --out, as its own documents describe it."""
 
-    name: str
+    name: str | None  # its io.containerd.image.name, when the index carries one
     config_digest: str
     manifest_digest: str
     layer_digest: str
@@ -189,5 +189,7 @@ def complete_output(out: Path) -> ExistingOutput | None:
     try:
         name = index["manifests"][0]["annotations"][CONTAINERD_NAME]
     except (KeyError, IndexError, TypeError):
-        return None
+        name = None
+    if not isinstance(name, str):
+        name = None
     return ExistingOutput(name, image.config_digest, image.manifest_digest, image.layers[-1].digest)

@@ -52,7 +52,33 @@ class Knobs:
         return self.values[name]
 
 
-def resolve_knobs(recipe: Recipe, environ: Mapping[str, str]) -> Knobs:
+@dataclass(frozen=True)
+class ImageFlag:
+    """What `launch --image` named: a built OCI layout (run by its content-addressed tag), or a plain reference."""
+
+    ref: str  # what docker runs
+    config_digest: str | None  # known when a layout was given
+    layout: Path | None
+
+
+def image_flag(value: str) -> ImageFlag:
+    """A path to an existing OCI layout or archive is read (its tag and config digest); anything else is a reference."""
+    from sparkstack.image.plan import complete_output
+
+    path = Path(value)
+    looks_like_path = value.startswith(("/", "./", "../", "~")) or value.endswith(("/", ".tar"))
+    if not path.exists():
+        if looks_like_path:  # no image reference starts with / or . nor ends with / or .tar
+            raise SparkstackError(f"--image {show_path(path)}: no such OCI layout or image archive")
+        return ImageFlag(value, None, None)
+    built = complete_output(path)
+    if built is None:
+        raise SparkstackError(f"--image {show_path(path)}: not a complete OCI layout or image archive")
+    return ImageFlag(built.name or built.config_digest, built.config_digest, path.absolute())
+
+
+def resolve_knobs(recipe: Recipe, environ: Mapping[str, str], image: ImageFlag | None = None) -> Knobs:
+    """Knob values by precedence: built-in defaults < the recipe < `--image` (IMAGE only) < the environment."""
     values = dict(KNOB_DEFAULTS)
     src = show_path(recipe.path)
     where = {k: "built-in default " for k in KNOB_DEFAULTS}  # where each value came from, for the one error line
@@ -72,6 +98,8 @@ def resolve_knobs(recipe: Recipe, environ: Mapping[str, str]) -> Knobs:
                 values[knob], where[knob] = env[knob], f"{src} [env]: {knob}="
     values.update(dict(recipe.knobs))
     where.update({k: f"{src} [knobs]: {k}=" for k, _ in recipe.knobs})
+    if image is not None:
+        values["IMAGE"], where["IMAGE"] = image.ref, "--image "
     from_env = {k for k in KNOB_DEFAULTS if k in environ}
     values.update({k: environ[k] for k in from_env})
     where.update({k: f"environment variable {k}=" for k in from_env})
@@ -124,6 +152,9 @@ class LaunchPlan:
     drafter_revision: str | None
     ranks: tuple[RankPlan, ...]
     notes: tuple[str, ...] = field(default=())
+    image_source: str = "recipe"  # env, flag or recipe: which of them named the image
+    image_config_digest: str | None = None  # known when --image named a built layout
+    image_layout: Path | None = None  # that layout: loaded on the head where missing
 
     @property
     def api_port(self) -> int:
@@ -133,6 +164,8 @@ class LaunchPlan:
         return {
             "recipe": self.recipe.name, "recipe_path": str(self.recipe.path), "status": self.recipe.status,
             "blocked_reason": self.recipe.blocked_reason or None, "profile": self.profile, "image": self.image,
+            "image_source": self.image_source, "image_config_digest": self.image_config_digest,
+            "image_layout": None if self.image_layout is None else str(self.image_layout),
             "model_revision": self.model_revision, "drafter_revision": self.drafter_revision,
             "knobs": {k: self.knobs[k] for k in sorted(KNOB_DEFAULTS)}, "knobs_from_env": sorted(self.knobs.from_env),
             "ranks": [r.to_json() for r in self.ranks], "notes": list(self.notes),
@@ -249,11 +282,18 @@ def _fill_checked(where: str | None, key: str, value: str | None, knobs: Knobs, 
     return filled
 
 
-def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production") -> LaunchPlan:
+def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production",
+               image: ImageFlag | None = None) -> LaunchPlan:
     if profile not in ("production", "lab"):
         raise SparkstackError(f"profile {profile!r}: expected production or lab")
-    knobs = resolve_knobs(recipe, environ)
+    knobs = resolve_knobs(recipe, environ, image)
     notes = []
+    if "IMAGE" in knobs.from_env:
+        if image is not None:
+            notes.append("IMAGE is set in the environment: it wins over --image")
+        image_source, image = "env", None
+    else:
+        image_source = "flag" if image is not None else "recipe"
     local_hub = Path(_hub_path(knobs, remote=False))
     model_cache = knobs["MODEL_CACHE_NAME"]
     model_rev = _revision(local_hub, model_cache, notes)
@@ -293,7 +333,8 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
         argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
         ranks.append(RankPlan(rank, node.host, ssh, fill("docker_host", node.docker_host), name, fabric_ip, nic, hca,
                               hub, tuple(argv), secret))
-    return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], model_rev, drafter_rev, tuple(ranks), tuple(notes))
+    return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], model_rev, drafter_rev, tuple(ranks), tuple(notes),
+                      image_source, image.config_digest if image else None, image.layout if image else None)
 
 
 def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,

@@ -228,28 +228,45 @@ def kv_check(plan: LaunchPlan) -> Check:
     return Check("kv-plan", "pass", f"{kv.tokens:,} tokens = {kv.coverage:.2f}x max-model-len")
 
 
+def _image_check(plan: LaunchPlan, rank: RankPlan, runner: Runner, image_id: str | None, detail: str) -> Check:
+    """Is the image this plan runs on this rank? With --image LAYOUT its config digest must match exactly."""
+    want = plan.image_config_digest
+    if image_id is None:
+        if want and rank.rank == 0 and plan.image_layout is not None:
+            return Check("image", "pass", f"{plan.image} not here yet: launch loads it from {plan.image_layout}", 0)
+        ship = f"; run `sparkstack ship {rank.host}`" if rank.rank else ""
+        return Check("image", "fail", f"{plan.image} is not present on {runner.label}{ship}: {detail}", rank.rank)
+    if want and image_id != want:
+        ship = f"; run `sparkstack ship {rank.host}`" if rank.rank else ""
+        return Check("image", "fail", f"{plan.image} on {runner.label} is {image_id[:19]}, not the built "
+                                      f"{want[:19]}{ship}", rank.rank)
+    return Check("image", "pass", f"{plan.image} = {image_id[:19]}", rank.rank)
+
+
 def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> list[Check]:
     """Per-rank checks that need docker: the image (same config digest everywhere), stale containers, gates."""
     checks, digests = [], {}
     for rank in plan.ranks:
         r = runners[rank.rank]
         proc = r.run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
-        if proc.returncode != 0:
-            checks.append(Check("image", "fail", f"{plan.image} is not present on {r.label}: {failure_line(proc)}", rank.rank))
-        else:
-            digests[rank.rank] = proc.stdout.strip()
-            checks.append(Check("image", "pass", f"{plan.image} = {digests[rank.rank][:19]}", rank.rank))
+        image_id = proc.stdout.strip() if proc.returncode == 0 else None
+        if image_id:
+            digests[rank.rank] = image_id
+        checks.append(_image_check(plan, rank, r, image_id, failure_line(proc)))
         proc = r.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", "{{.Names}} {{.State}}", timeout=30)
         if proc.returncode == 0 and proc.stdout.strip():
             checks.append(Check("stale-container", "fail", f"a container already holds the name {rank.name} "
                                                          f"({proc.stdout.strip()}); run `sparkstack launch stop`", rank.rank))
         elif proc.returncode == 0:
             checks.append(Check("stale-container", "pass", f"no container named {rank.name}", rank.rank))
-    if len(set(digests.values())) > 1:
-        detail = ", ".join(f"rank {k}: {v[:19]}" for k, v in sorted(digests.items()))
+    identity = dict(digests)
+    if plan.image_config_digest and 0 not in identity and plan.image_layout is not None:
+        identity[0] = plan.image_config_digest  # the head will hold exactly this once launch loads it
+    if len(set(identity.values())) > 1:
+        detail = ", ".join(f"rank {k}: {v[:19]}" for k, v in sorted(identity.items()))
         checks.append(Check("image-identity", "fail", f"ranks run different images ({detail}); ship one image to all"))
-    elif len(digests) == len(plan.ranks):
-        checks.append(Check("image-identity", "pass", f"every rank has {next(iter(digests.values()))[:19]}"))
+    elif len(identity) == len(plan.ranks):
+        checks.append(Check("image-identity", "pass", f"every rank has {next(iter(identity.values()))[:19]}"))
     if gates and 0 in digests:
         checks += gate_checks(plan, runners[0])
     return checks

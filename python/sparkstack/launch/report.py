@@ -25,18 +25,35 @@ def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], ch
     """`launch --dry-run --json`: one rank prints its own object (with `docker_run`); `all` always prints `ranks`."""
     doc = plan.to_json()
     extra = {"preflight": [c.to_json() for c in checks],
-             "would_drop_caches_on": [r.rank for r in selected] if drop_caches else []}
+             "would_drop_caches_on": [r.rank for r in selected] if drop_caches else [],
+             "would_load": _would_load(plan, selected, checks)}
     if target == "all":
         return {**doc, "ranks": [r.to_json() for r in selected], **extra}
     return {**{k: v for k, v in doc.items() if k != "ranks"}, **selected[0].to_json(), **extra}
 
 
+def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check]) -> dict | None:
+    """With --image LAYOUT, apply loads it on the head unless the head already holds its config digest."""
+    if plan.image_layout is None or 0 not in [r.rank for r in selected]:
+        return None
+    known = [c for c in checks if c.name == "image" and c.rank == 0]
+    if known and known[0].status == "pass" and "not here yet" not in known[0].detail:
+        return None  # --probe saw it there already
+    return {"rank": 0, "from": str(plan.image_layout), "config_digest": plan.image_config_digest,
+            "if_missing": not known}
+
+
 def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check], drop_caches: bool) -> list[str]:
+    """The human form of dry_run_document."""
     r = plan.recipe
     lines = [f"recipe {r.name} ({r.status}{': ' + r.blocked_reason if r.blocked else ''}), profile {plan.profile}"]
     lines += [c.line() for c in checks]
     if drop_caches:
         lines.append(f"would drop the page cache on rank(s) {', '.join(str(rk.rank) for rk in selected)}")
+    load = _would_load(plan, selected, checks)
+    if load:
+        lines.append(f"would load {load['from']} ({load['config_digest'][:19]}) on rank 0"
+                     + (" if it is missing there" if load["if_missing"] else ""))
     for rk in selected:
         where = rk.ssh or "this machine"
         lines.append(f"\n# rank {rk.rank} on {rk.host} ({where}){' via ' + rk.docker_host if rk.docker_host else ''}")

@@ -1,0 +1,88 @@
+"""launch --image: precedence (IMAGE env > --image > recipe), the built layout's identity, and preflight per rank."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import hostfix
+import imagefix as fx
+import standins
+
+
+@pytest.fixture
+def world(tmp_path, run_cli):
+    base, src = tmp_path / "base", fx.write_overlay_source(tmp_path / "src")
+    fx.write_base(base)
+    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
+    built = tmp_path / "image"
+    result = json.loads(run_cli("image", "build", "--base", base, "--overlay", overlay, "--overlay-src", src,
+                                "--out", built, "--json", env={"SPARKSTACK_CACHE_DIR": str(tmp_path / "cache")},
+                                check=0).stdout)["result"]
+    home = hostfix.write_hub(tmp_path / "hf")
+    standins.install(tmp_path / "bin")
+    env = {"HF_HOME": str(home), "RECORD_LOG": str(tmp_path / "calls.jsonl"),
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    return {"tmp": tmp_path, "built": built, "result": result, "env": env,
+            "root": hostfix.write_host(tmp_path / "hostroot")}
+
+
+def plan(run_cli, w, *args, env=None):
+    proc = run_cli("launch", "all", "--dry-run", "--json", "--host-root", w["root"], *args,
+                   env={**w["env"], **(env or {})}, check=0)
+    return json.loads(proc.stdout)
+
+
+def test_precedence_env_then_flag_then_recipe(run_cli, world):
+    recipe = plan(run_cli, world)
+    assert recipe["image_source"] == "recipe" and recipe["image"] == "glm53-dflash2-tony:v1"
+    flag = plan(run_cli, world, "--image", "registry.example/vllm:v9")
+    assert flag["image_source"] == "flag" and flag["image"] == "registry.example/vllm:v9"
+    assert flag["image_config_digest"] is None
+    env = plan(run_cli, world, "--image", "registry.example/vllm:v9", env={"IMAGE": "mine:1"})
+    assert env["image_source"] == "env" and env["image"] == "mine:1"
+    for rank in env["ranks"]:
+        assert "mine:1" in rank["docker_run"] and "registry.example/vllm:v9" not in rank["docker_run"]
+
+
+def test_a_built_layout_runs_by_its_content_addressed_tag(run_cli, world):
+    doc = plan(run_cli, world, "--image", world["built"])
+    digest = world["result"]["config_digest"]
+    assert doc["image_config_digest"] == digest and doc["image_source"] == "flag"
+    assert doc["image"] == world["result"]["name"] and doc["image"].endswith(digest.split(":")[1][:12])
+    for rank in doc["ranks"]:
+        assert doc["image"] in rank["docker_run"]
+    assert doc["would_load"] == {"rank": 0, "from": str(world["built"]), "config_digest": digest, "if_missing": True}
+    assert standins.recorded(Path(world["env"]["RECORD_LOG"])) == []  # a plain dry run asks no docker at all
+
+
+def test_probe_a_worker_without_the_built_image_fails_naming_ship(run_cli, world):
+    digest = world["result"]["config_digest"]
+    doc = plan(run_cli, world, "--image", world["built"], "--probe",
+               env={"STANDIN_IMAGE_ID": "", "STANDIN_REMOTE_IMAGE_ID": ""})
+    images = {c["rank"]: c for c in doc["preflight"] if c["check"] == "image"}
+    assert images[0]["status"] == "pass" and "launch loads it" in images[0]["detail"]
+    assert images[1]["status"] == "fail" and "sparkstack ship" in images[1]["detail"]
+    assert doc["would_load"]["if_missing"] is False
+    # A worker holding another image under the same tag fails too; one holding the built digest passes.
+    doc = plan(run_cli, world, "--image", world["built"], "--probe",
+               env={"STANDIN_IMAGE_ID": digest, "STANDIN_REMOTE_IMAGE_ID": "sha256:" + "cd" * 32})
+    images = {c["rank"]: c for c in doc["preflight"] if c["check"] == "image"}
+    assert images[1]["status"] == "fail" and "not the built" in images[1]["detail"]
+    assert doc["would_load"] is None  # the head already holds it
+    doc = plan(run_cli, world, "--image", world["built"], "--probe",
+               env={"STANDIN_IMAGE_ID": digest, "STANDIN_REMOTE_IMAGE_ID": digest})
+    checks = {(c["check"], c["rank"]): c["status"] for c in doc["preflight"]}
+    assert checks[("image", 0)] == checks[("image", 1)] == checks[("image-identity", None)] == "pass"
+
+
+@pytest.mark.parametrize("value", ["./no-such-dir/", "/nonexistent/image.tar", "{junk}"])
+def test_a_bad_image_flag_is_one_line(run_cli, world, value):
+    if value == "{junk}":
+        junk = world["tmp"] / "junk"
+        junk.mkdir()
+        (junk / "index.json").write_text("{}")
+        value = str(junk)
+    proc = run_cli("launch", "0", "--dry-run", "--image", value, env=world["env"])
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1 and "--image" in proc.stderr
