@@ -286,8 +286,11 @@ def apply_load(plan: LoadPlan, runner: Runner, platform: str | None = None,
                                   lambda out: write_docker_archive(out, src, image, plan.name, on_progress))
         finally:
             src.close()
-    got = image_id(plan.engine, runner, plan.name or plan.config_digest)
+    ref = plan.name or plan.config_digest
+    got = image_id(plan.engine, runner, ref)
+    if got is None:
+        raise SparkstackError(f"{plan.engine} on {plan.where} has no image {ref} after the {plan.action}")
     if got != plan.config_digest:
-        raise SparkstackError(f"{plan.engine} on {plan.where} holds {plan.name or plan.config_digest} as "
-                              f"{got or 'nothing'}, not the config digest {plan.config_digest}")
+        raise SparkstackError(f"{plan.engine} on {plan.where} holds {ref} as {got}, not the config digest "
+                              f"{plan.config_digest}")
     return LoadResult(plan.action, got, plan.name, sent, round(time.monotonic() - t0, 3))
