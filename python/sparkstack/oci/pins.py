@@ -164,7 +164,7 @@ def _matches(have: str, want: str) -> bool:
     return h[:2] == w[:2] and (len(w) < 3 or h[2:3] == w[2:3])
 
 
-def _json(manifest: Manifest, label: str) -> dict:
+def _json(manifest: Manifest) -> dict:
     return json.loads(manifest.body)  # registry.manifest checked it is a JSON object
 
 
@@ -175,9 +175,9 @@ def _desc_from(doc: object, where: str) -> Descriptor:
     return _descriptor(d, where)
 
 
-def _platform_pin(reg: Registry, manifest: Manifest, want: str, label: str) -> tuple[PlatformPin, str]:
+def _platform_pin(reg: Registry, manifest: Manifest, label: str) -> tuple[PlatformPin, str]:
     """Pin one image manifest: its config (fetched, to read the platform) and its layers."""
-    doc = _json(manifest, label)
+    doc = _json(manifest)
     try:
         config = _desc_from(doc.get("config"), "config")
         layers_doc = doc.get("layers")
@@ -204,7 +204,7 @@ def resolve(ref: Reference, platforms: tuple[str, ...], reg: Registry) -> Pins:
     top = reg.manifest(ref.ref)
     pinned: list[tuple[str, PlatformPin]] = []
     if top.media_type in INDEX_TYPES:
-        entries = _json(top, label).get("manifests")
+        entries = _json(top).get("manifests")
         if not isinstance(entries, list):
             raise SparkstackError(f"{label}: index {top.digest} has no manifests list")
         offered = []
@@ -223,7 +223,7 @@ def resolve(ref: Reference, platforms: tuple[str, ...], reg: Registry) -> Pins:
                                          else MANIFEST_TYPES, size=desc.size)
                     if child.media_type in INDEX_TYPES:
                         raise SparkstackError(f"{label}: {have} points at a nested index; not supported")
-                    pin, config_platform = _platform_pin(reg, child, want, label)
+                    pin, config_platform = _platform_pin(reg, child, label)
                     if not _matches(config_platform, want):
                         raise SparkstackError(f"{label}: index says {have} but manifest {child.digest}'s config "
                                               f"says {config_platform}")
@@ -233,7 +233,7 @@ def resolve(ref: Reference, platforms: tuple[str, ...], reg: Registry) -> Pins:
                 raise SparkstackError(f"{label}: no {want} image in index {top.digest} "
                                       f"(has: {', '.join(sorted(set(offered))) or 'none'})")
     else:
-        pin, have = _platform_pin(reg, top, platforms[0], label)
+        pin, have = _platform_pin(reg, top, label)
         missing = [p for p in platforms if not _matches(have, p)]
         if missing:
             raise SparkstackError(f"{label}: names a single {have} image, not {', '.join(missing)}")

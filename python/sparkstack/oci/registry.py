@@ -324,7 +324,8 @@ class Registry:
             if limit is not None and length and length.isdigit() and int(length) > limit:
                 raise SparkstackError(f"{self.label}: {what}: {length} bytes announced, more than "
                                       f"{'its pinned size' if size is not None else 'the cap'} ({limit})")
-            for chunk in _chunks(resp, self.label, what, self.timeout):
+            budget = max(self.timeout * 4, 10) if size is None or size <= CONFIG_CAP else None
+            for chunk in _chunks(resp, self.label, what, budget):
                 count += len(chunk)
                 if limit is not None and count > limit:
                     raise SparkstackError(f"{self.label}: {what}: more than "
@@ -345,14 +346,16 @@ class Registry:
                                   f"does not match the body")
 
 
-def _chunks(resp: requests.Response, label: str, what: str, timeout: float) -> Iterator[bytes]:
-    """Raw body chunks (no content decoding: the digest names the bytes as stored), with an overall
-    deadline too, so a server that drips one byte at a time cannot hold us forever."""
-    deadline = time.monotonic() + max(timeout * 20, 60) if timeout else None
+def _chunks(resp: requests.Response, label: str, what: str, budget: float | None = None) -> Iterator[bytes]:
+    """Raw body chunks (no content decoding: the digest names the bytes as stored). Each read waits at
+    most the timeout; a small, capped answer also gets an overall `budget`, so a server that drips one
+    byte at a time cannot hold a manifest forever. (A multi-GB layer gets none: on a slow link it may
+    rightly take long, and its pinned size bounds it.)"""
+    deadline = time.monotonic() + budget if budget is not None else None
     try:
         for chunk in resp.raw.stream(CHUNK, decode_content=False):
             if deadline is not None and time.monotonic() > deadline:
-                raise SparkstackError(f"{label}: {what}: too slow: no end in sight after {timeout * 20:.0f} s")
+                raise SparkstackError(f"{label}: {what}: too slow: no end after {budget:.0f} s")
             yield chunk
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         raise SparkstackError(f"{label}: {what}: reading the answer failed: {_why(exc)}") from None
@@ -363,7 +366,7 @@ def _read_capped(resp: requests.Response, cap: int, label: str, what: str, timeo
     if length and length.isdigit() and int(length) > cap:
         raise SparkstackError(f"{label}: {what}: {int(length)} bytes announced, more than the cap of {cap}")
     parts, total = [], 0
-    for chunk in _chunks(resp, label, what, timeout):
+    for chunk in _chunks(resp, label, what, budget=max(timeout * 4, 10)):
         total += len(chunk)
         if total > cap:
             raise SparkstackError(f"{label}: {what}: more than the cap of {cap} bytes")
