@@ -1,4 +1,4 @@
-"""Recording stand-ins for the programs sparkstack drives (docker, ssh, rsync, nvidia-smi, sysctl, sync).
+"""Recording stand-ins for the programs sparkstack drives (docker, podman, ssh, rsync, nvidia-smi, sysctl, sync).
 
 Each appends its argv as one JSON line to $RECORD_LOG. The ssh stand-in runs its remote command here, through
 the same stand-ins, with STANDIN_REMOTE=1 set, so a test can tell a worker's docker from the head's. The docker
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-PROGRAMS = ("docker", "ssh", "rsync", "nvidia-smi", "sysctl", "sync")
+PROGRAMS = ("docker", "podman", "ssh", "rsync", "nvidia-smi", "sysctl", "sync")
 DEFAULT_ID = "sha256:" + "ab" * 32
 
 RECORDER = r'''#!{python}
@@ -22,7 +22,7 @@ if name == "ssh":
     args = sys.argv[1:]
     command = args[args.index("--") + 1]
     sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1")))
-if name == "docker":
+if name in ("docker", "podman"):
     args = sys.argv[1:]
     if args[:1] == ["-H"]:
         args = args[2:]

@@ -10,6 +10,7 @@ changed tree): that proves the recorder and the snapshots can see an act.
 """
 
 import hashlib
+import json
 import os
 import shlex
 import stat
@@ -23,6 +24,7 @@ import hostfix
 import imagefix as fx
 import standins
 import synth
+from registry_standin import Standin, fixture_repo
 from conftest import sparkstack_cmd
 from sparkstack.cli import main
 
@@ -38,6 +40,11 @@ INVOCATIONS = {
     ("image", "verify"): ([["{base}"]], True),
     ("patch", "check"): ([["--base", "{base}", "--overlay", "{overlay}", "--overlay-src", "{src}"]], True),
     ("pin", "overlay"): ([["--overlay", "{unpinned_overlay}", "--overlay-src", "{src}"]], False),
+    # pin base/fetch talk to the registry stand-in (SPARKSTACK_REGISTRY_MIRROR): reads only under --dry-run.
+    ("pin", "base"): ([["--pins", "{pins_unresolved}"], ["{registry_ref}", "--platform", "linux/amd64",
+                                                          "--pins", "{pins_unresolved}"]], False),
+    ("pin", "fetch"): ([["{pinned_layer}", "--pins", "{pins_resolved}", "--out", "{fetch_out}"]], False),
+    ("image", "load"): ([["{base}"], ["{base}", "--host", "rank1"], ["{base}", "--engine", "podman"]], False),
     ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"]], False),
     ("plan", "kv"): ([[]], True),
 }
@@ -91,6 +98,23 @@ def world(tmp_path):
         host_root=hostfix.write_host(tmp_path / "hostroot"),
     )
     w["work"].mkdir()
+    repos, served = fixture_repo(tmp_path / "registry")
+    standin = Standin(repos).start()
+    arm = served.platforms["linux/arm64"]
+    layer = served.layouts["linux/arm64"] / "blobs/sha256" / arm["layers"][0].split(":")[1]
+    desc = lambda d, size=1: {"digest": d, "mediaType": "application/octet-stream", "size": size}  # noqa: E731
+    ref = f"ghcr.io/{served.repo}:{served.tag}"
+    w.update(registry_ref=ref, pinned_layer=arm["layers"][0], fetch_out=tmp_path / "fetched-layer",
+             pins_unresolved=tmp_path / "pins-unresolved.json", pins_resolved=tmp_path / "pins-resolved.json")
+    stale = {"digest": "sha256:" + "0" * 64, "mediaType": None, "size": None}
+    w["pins_unresolved"].write_text(json.dumps({"reference": ref, "registry": "ghcr.io", "repository": served.repo,
+                                                "resolved": stale, "platforms": {}}))
+    w["pins_resolved"].write_text(json.dumps({
+        "reference": ref, "registry": "ghcr.io", "repository": served.repo,
+        "resolved": {"digest": served.index, "mediaType": "application/vnd.oci.image.index.v1+json",
+                     "size": served.index_size},
+        "platforms": {"linux/arm64": {"manifest": desc(arm["manifest"]), "config": desc(arm["config"]),
+                                      "layers": [desc(arm["layers"][0], layer.stat().st_size)]}}}))
     w["env"] = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_LOG": str(w["log"]), "HOME": str(home),
         "HF_HOME": str(tmp_path / "hf"), "XDG_STATE_HOME": str(tmp_path / "state"),
@@ -99,7 +123,9 @@ def world(tmp_path):
     }
     for knob in ("VLLM_API_KEY", "SPARKSTACK_RECIPES", "SPARKSTACK_OVERLAY_SRC"):
         w["env"][knob] = ""
-    return w
+    w["env"]["SPARKSTACK_REGISTRY_MIRROR"] = standin.url
+    yield w
+    standin.stop()
 
 
 def expand(args: list[str], w: dict) -> list[str]:
@@ -149,7 +175,7 @@ def is_read_only(call: list[str]) -> bool:
         return True  # its remote command is recorded (and judged) separately, as the stand-in runs it here
     if name in READ_ONLY_PROGRAMS:
         return True
-    if name != "docker":
+    if name not in ("docker", "podman"):  # podman's version/inspect/images read like docker's
         return False
     if args[:1] == ["-H"]:
         args = args[2:]

@@ -182,7 +182,7 @@ _unpinned_opt = click.option("--allow-unpinned", is_flag=True, help="Build from 
 
 @main.group()
 def image() -> None:
-    """Build and verify the serving image without a daemon."""
+    """Build, verify and load the serving image (build and verify need no daemon)."""
 
 
 @image.command("build")
@@ -196,16 +196,19 @@ def image() -> None:
 @_platform_opt
 @_steps_opt
 @_unpinned_opt
+@click.option("--link-base", type=click.Choice(["hardlink", "symlink"]), default="hardlink", show_default=True,
+              help="How a dir --out reuses base blobs: hardlinks (copies across filesystems), or absolute symlinks "
+                   "to the base blobs' resolved paths (Nix builds: store files cannot be hardlinked).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and build nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
 def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platform, extra_steps, allow_unpinned,
-                dry_run, as_json) -> None:
+                link_base, dry_run, as_json) -> None:
     """Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."""
     from sparkstack.image import build_image, plan_build
 
     plan = plan_build(base, _overlay_dir(overlay_dir), overlay_src, out, variant, platform, tuple(extra_steps),
-                      allow_unpinned, wheel_dir)
+                      allow_unpinned, wheel_dir, link_base)
     if plan.overlay.unpinned:
         _warn(f"building from unpinned overlay files: {', '.join(plan.overlay.unpinned)}")
     if dry_run:
@@ -268,6 +271,48 @@ def image_verify(path, platform, dry_run, as_json) -> None:
                    f"{human_bytes(report.bytes_checked)} checked" + ("; manifest.json agrees" if report.docker_manifest else ""))
 
 
+@image.command("load")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--engine", type=click.Choice(["docker", "podman"]), default="docker", show_default=True)
+@click.option("--host", default=None, help="Load on this rank over ssh (the stream crosses ssh's stdin).")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for --host.")
+@click.option("--docker-host", default=None, help="docker -H for the engine (e.g. unix:///path/docker.sock).")
+@click.option("--platform", default=None, help="Platform to load when the image holds several.")
+@click.option("--dry-run", is_flag=True, help="Say what would load; ask the engine only read-only questions.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def image_load(path, engine, host, ssh_config, docker_host, platform, dry_run, as_json) -> None:
+    """Stream an OCI image into docker/podman load (no temp tar); its image ID must be the config digest."""
+    from sparkstack.oci.load import apply_load, check_engine_options, plan_load
+    from sparkstack.remote import Runner
+
+    check_engine_options(engine, docker_host)
+    runner = Runner(ssh=host, ssh_config=ssh_config, docker_host=docker_host)
+    plan = plan_load(path, engine, runner, platform)
+    if dry_run:
+        if as_json:
+            _print_json(plan.to_json())
+        elif plan.up_to_date:
+            click.echo(f"up to date: {engine} on {plan.where} holds {plan.name or plan.config_digest} "
+                       f"as {plan.config_digest}")
+        else:
+            click.echo(f"would {plan.action} {plan.name or '(untagged)'} into {engine} on {plan.where}: "
+                       f"image ID {plan.config_digest}, {len(plan.layers)} layers, {human_bytes(plan.bytes_to_send)}")
+            if plan.action == "load":
+                click.echo(f"  stream into: {' '.join(plan.load_argv)}")
+        return
+    with _progress(f"loading into {engine}", plan.bytes_to_send, enabled=plan.action == "load") as advance:
+        result = apply_load(plan, runner, platform, on_progress=advance)
+    if as_json:
+        _print_json({"plan": plan.to_json(), "result": result.to_json()})
+    elif plan.up_to_date:
+        click.echo(f"up to date: {engine} on {plan.where} holds {plan.name or plan.config_digest} as {result.image_id}")
+    else:
+        verb = "loaded" if plan.action == "load" else "tagged"
+        click.echo(f"{verb} {plan.name or '(untagged)'} into {engine} on {plan.where}: image ID {result.image_id}"
+                   + (f" ({human_bytes(result.bytes_sent)} streamed in {result.seconds:.1f} s)" if result.bytes_sent else ""))
+
+
 @main.group()
 def patch() -> None:
     """Inspect the overlay's patch steps against a base image."""
@@ -316,7 +361,7 @@ def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unp
 
 @main.group()
 def pin() -> None:
-    """Pin inputs by content: the overlay's files (and, later, the base image's digests)."""
+    """Pin inputs by content: the base image's digests (nix/pins.json) and the overlay's files."""
 
 
 @pin.command("overlay")
@@ -344,6 +389,82 @@ def pin_overlay(overlay_dir, overlay_src, wheel_dir, dry_run, as_json) -> None:
         click.echo(f"{'would pin' if dry_run else 'pinned'} {ch.file}: {ch.old} -> {ch.new}")
     if not dry_run:
         click.echo(f"wrote {plan.overlay_toml}")
+
+
+_pins_opt = click.option("--pins", "pins_file", type=click.Path(path_type=Path), default=None,
+                         help="Pins file (default: the checkout's nix/pins.json, found from the working directory up).")
+
+
+@pin.command("base")
+@click.argument("reference", required=False)
+@click.option("--platform", "platforms", multiple=True, help="Platform to pin (repeatable; default: the file's, "
+              "else linux/arm64).")
+@_pins_opt
+@click.option("--check", is_flag=True, help="Re-resolve and exit 1 naming what moved; write nothing.")
+@click.option("--dry-run", is_flag=True, help="Resolve and print what would be written; write nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def pin_base(reference, platforms, pins_file, check, dry_run, as_json) -> None:
+    """Resolve the base REF (a tag or digest) through its registry and pin it, per platform, in nix/pins.json."""
+    from sparkstack.oci.pins import apply_pin_base, default_pins_path, plan_pin_base
+
+    path = default_pins_path(pins_file)
+    if check and not path.exists():
+        raise SparkstackError(f"{path}: no pins file to check")
+    plan = plan_pin_base(reference, tuple(platforms), path)
+    if check:
+        if as_json:
+            _print_json({**plan.to_json(), "check": True})
+        if plan.changes:
+            _fail(f"{plan.pins.reference} moved: " + "; ".join(plan.changes))
+        if not as_json:
+            click.echo(f"up to date: {path} matches {plan.pins.reference} ({plan.pins.resolved.digest})")
+        return
+    wrote = False if dry_run else apply_pin_base(plan)
+    if as_json:
+        _print_json({**plan.to_json(), "dry_run": dry_run, "written": wrote})
+        return
+    if plan.up_to_date:
+        click.echo(f"up to date: {path} ({plan.pins.reference} = {plan.pins.resolved.digest})")
+        return
+    if dry_run:
+        click.echo(f"would write {path}:")
+        click.echo(plan.pins.to_bytes().decode(), nl=False)
+    else:
+        click.echo(f"wrote {path}: {plan.pins.reference} = {plan.pins.resolved.digest}")
+    for change in plan.changes:
+        click.echo(f"  {change}")
+    for name, p in plan.pins.platforms:
+        click.echo(f"  {name}: manifest {p.manifest.digest}, config {p.config.digest}, {len(p.layers)} layers, "
+                   f"{human_bytes(sum(l.size for l in p.layers))}")
+
+
+@pin.command("fetch")
+@click.argument("digest")
+@_pins_opt
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Where the verified object goes.")
+@click.option("--dry-run", is_flag=True, help="Say what would be fetched from where; fetch nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def pin_fetch(digest, pins_file, out, dry_run, as_json) -> None:
+    """Download one blob or manifest the pins file names, verify it, and write it atomically to --out."""
+    from sparkstack.oci.pins import apply_fetch, default_pins_path, plan_fetch
+
+    plan = plan_fetch(digest, default_pins_path(pins_file), out)
+    if dry_run:
+        if as_json:
+            _print_json(plan.to_json())
+        else:
+            click.echo(("up to date: " if plan.up_to_date else "would fetch ") +
+                       f"{plan.what} {plan.digest} ({human_bytes(plan.size) if plan.size is not None else 'size unknown'}) "
+                       f"from {plan.registry}/{plan.repository} to {plan.out}")
+        return
+    with _progress(f"fetching {plan.what}", plan.size, enabled=not plan.up_to_date) as advance:
+        fetched = apply_fetch(plan, on_progress=advance)
+    if as_json:
+        _print_json({**plan.to_json(), "fetched": fetched})
+    else:
+        click.echo(("fetched " if fetched else "up to date: ") + f"{plan.out} ({plan.what} {plan.digest})")
 
 
 # ---------------------------------------------------------------- launch / plan kv

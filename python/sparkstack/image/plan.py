@@ -18,7 +18,7 @@ from sparkstack import __version__, fsio, outputs
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import CONTAINERD_NAME
 from sparkstack.oci.source import open_image
-from sparkstack.oci.write import source_date_epoch
+from sparkstack.oci.write import LINK_BASE, source_date_epoch
 from sparkstack.patch.engine import needed_paths, overlay_source_dir
 from sparkstack.patch.overlay import Overlay, Step, load_overlay
 
@@ -51,6 +51,7 @@ class BuildPlan:
     out: Path
     allow_unpinned: bool
     epoch: int
+    link_base: str  # how a dir output reuses base blobs: "hardlink" or "symlink"
     fingerprint: str
     existing: ExistingOutput | None  # set only when the output at --out is this plan's, complete
 
@@ -76,13 +77,16 @@ class BuildPlan:
             "installs": [{"src": i.file.path, "dest": f"/{o.vllm_root}/{i.dest}"} for i in o.installs],
             "steps": [{"name": s.name, "script": s.script.path, "args": list(s.args)} for s in self.steps],
             "extract": ["/" + p for p in needed_paths(o, self.steps)],
-            "source_date_epoch": self.epoch, "fingerprint": self.fingerprint, "up_to_date": self.up_to_date,
+            "source_date_epoch": self.epoch, "link_base": self.link_base, "fingerprint": self.fingerprint,
+            "up_to_date": self.up_to_date,
         }
 
 
 def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Path, variant: str = "plain",
                platform: str = "linux/arm64", extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
-               wheel_dir: Path | None = None) -> BuildPlan:
+               wheel_dir: Path | None = None, link_base: str = "hardlink") -> BuildPlan:
+    if link_base not in LINK_BASE:
+        raise SparkstackError(f"--link-base {link_base!r}: expected one of {', '.join(LINK_BASE)}")
     overlay = load_overlay(overlay_dir)
     if overlay_src is None:
         raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
@@ -101,12 +105,12 @@ def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Pat
     steps = overlay.enabled_steps(extra_steps)
     epoch = source_date_epoch()
     inputs = _input_hashes(overlay, overlay_source_dir(overlay, overlay_src), steps, variant, wheel_dir)
-    fingerprint = _fingerprint(image.manifest_digest, platform, overlay, steps, variant, inputs, epoch)
+    fingerprint = _fingerprint(image.manifest_digest, platform, overlay, steps, variant, inputs, epoch, link_base)
     existing = None
     if previous is not None and previous.fingerprint == fingerprint:
         existing = complete_output(out)
     return BuildPlan(base, platform, image.manifest_digest, image.config_digest, overlay, overlay_src, steps, variant,
-                     wheel_dir, out, allow_unpinned, epoch, fingerprint, existing)
+                     wheel_dir, out, allow_unpinned, epoch, link_base, fingerprint, existing)
 
 
 def _input_hashes(overlay: Overlay, source_dir: Path, steps: tuple[Step, ...], variant: str,
@@ -125,11 +129,13 @@ def _input_hashes(overlay: Overlay, source_dir: Path, steps: tuple[Step, ...], v
 
 
 def _fingerprint(base_manifest: str, platform: str, overlay: Overlay, steps: tuple[Step, ...], variant: str,
-                 inputs: dict[str, str], epoch: int) -> str:
+                 inputs: dict[str, str], epoch: int, link_base: str) -> str:
+    # link_base counts: an output of symlinks and one of hardlinks are not interchangeable (the
+    # first dies with its base), so switching it must rebuild, not say "up to date".
     doc = {
         "format": FORMAT_VERSION, "tool": __version__, "base_manifest": base_manifest, "platform": platform,
         "overlay_toml": fsio.sha256_file(overlay.path), "steps": [s.name for s in steps], "variant": variant,
-        "inputs": inputs, "epoch": epoch,
+        "inputs": inputs, "epoch": epoch, "link_base": link_base,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

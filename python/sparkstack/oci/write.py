@@ -186,13 +186,22 @@ def image_docs(base: Image, new_layer: Layer, labels: dict[str, str], created_by
 OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
 
-def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltLayer, epoch: int,
-                 marker: bytes) -> str:
-    """Write the image as an OCI layout dir (base blobs hardlinked) or, for *.tar, one archive.
+LINK_BASE = ("hardlink", "symlink")
 
+
+def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltLayer, epoch: int,
+                 marker: bytes, link_base: str = "hardlink") -> str:
+    """Write the image as an OCI layout dir (base blobs linked) or, for *.tar, one archive.
+
+    `link_base` says how a dir reuses a base blob that is a file: "hardlink" (copied across
+    filesystems), or "symlink", absolute, to the blob's resolved path (a Nix build user may not
+    hardlink store files, and a copy would duplicate the whole base). A base read from a tar
+    has no blob files, so its blobs are copied either way.
     A dir also gets `marker` as `.sparkstack/output.json` (a tar carries it in index.json's
     annotations). Returns "dir" or "tar". Both are published atomically.
     """
+    if link_base not in LINK_BASE:
+        raise SparkstackError(f"link_base {link_base!r}: expected one of {', '.join(LINK_BASE)}")
     small = {
         "oci-layout": OCI_LAYOUT,
         "index.json": docs.index,
@@ -217,7 +226,9 @@ def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltL
             if dest.exists():
                 continue
             path = base_src.blob_file(layer.digest)
-            if path is not None:
+            if path is not None and link_base == "symlink":
+                os.symlink(path.resolve(strict=True), dest)
+            elif path is not None:
                 fsio.link_or_copy(path.resolve(), dest)
             else:
                 _copy_blob(base_src, layer, dest)
