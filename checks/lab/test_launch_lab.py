@@ -183,3 +183,44 @@ def test_run_record_keeps_the_argv_that_ran_with_the_workers_home_expanded(launc
         sparkstack(lab, launch_world, recipe, "stop", env=env)
         if not existed:
             shutil.rmtree(created, ignore_errors=True)
+
+
+def test_launch_image_layout_loads_the_head_and_demands_ship_for_a_worker(launch_world, standin_image):
+    """A fresh build neither rank holds: a worker without it fails preflight naming ship; once it is loaded there
+    (image load --host, over ssh), launch loads the head itself and both ranks run exactly the built config digest."""
+    lab, image, work, root, home = launch_world
+    tar, _ = standin_image
+    fixture = tar.parent  # the stand-in's base, overlay and source
+    built = work / "rebuilt-image"
+    proc = lab.head.run(sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(fixture / "base"),
+                        "--overlay", str(fixture / "overlay"), "--overlay-src", str(fixture / "src"), "--out", str(built),
+                        "--platform", "linux/amd64", "--json", check=False, timeout=300,
+                        env={**os.environ, "SOURCE_DATE_EPOCH": "86400", "SPARKSTACK_CACHE_DIR": str(work / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    new = json.loads(proc.stdout)["result"]
+    assert new["config_digest"] != image["config_digest"]
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "0"})
+    env = {"IMAGE": ""}  # the fixture sets IMAGE; --image must win over the recipe only when IMAGE is unset
+    env_without_image = {k: v for k, v in os.environ.items() if k != "IMAGE"}
+    try:
+        full = {**env_without_image, "HF_HOME": str(home), "SPARKSTACK_STATE_DIR": str(work / "state")}
+        run = lambda *a: lab.head.run(sys.executable, "-m", "sparkstack.cli", "launch", *a, "--recipe", str(recipe),  # noqa: E731
+                                      "--profile", "lab", "--host-root", str(root), "--ssh-config", str(lab.ssh_config),
+                                      "--image", str(built), check=False, env=full, timeout=300)
+        proc = run("all", "--worker-delay", "0", "--health-interval", "0.3", "--health-attempts", "60")
+        assert proc.returncode == 1
+        assert "sparkstack ship worker" in proc.stdout + proc.stderr
+        assert lab.head.docker("image", "inspect", new["config_digest"], check=False).returncode != 0  # nothing loaded
+        proc = lab.head.run(sys.executable, "-m", "sparkstack.cli", "image", "load", str(built), "--host", "worker",
+                            "--ssh-config", str(lab.ssh_config), "--docker-host", lab.worker.dockerd.host,
+                            check=False, env=full, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        proc = run("all", "--worker-delay", "0", "--health-interval", "0.3", "--health-attempts", "60", "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "load" in proc.stderr  # the head's load was announced
+        for host, name in ((lab.head, "glm53-tony-rank0"), (lab.worker, "glm53-tony-rank1")):
+            assert host.docker("inspect", "--format", "{{.Image}}", name).stdout.strip() == new["config_digest"]
+        record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
+        assert record["image_id"] == new["config_digest"] and record["image"] == new["name"]
+    finally:
+        sparkstack(lab, launch_world, recipe, "stop", env=env)

@@ -17,6 +17,7 @@ import requests
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
 
 EXPECTED_LINES = (
@@ -242,10 +243,22 @@ def latest_record() -> dict | None:
         return None
 
 
+def load_built_image(plan: LaunchPlan, runner: Runner, on_event: Callable[[str], None]) -> None:
+    """`launch --image LAYOUT`: stream the built image into the head's engine unless it already holds it."""
+    lp = plan_load(plan.image_layout, "docker", runner)
+    if lp.up_to_date:
+        on_event(f"rank 0: {plan.image} is already loaded")
+        return
+    on_event(f"rank 0: {lp.action} {plan.image_layout} into docker on {runner.label}")
+    apply_load(lp, runner)
+
+
 def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Timeouts, environ: dict,
            on_event: Callable[[str], None], drop: bool = False) -> tuple[Path, Boot | None]:
     """Start `ranks` (workers first, then the head) and, when the head is among them, wait for readiness."""
     env = dict(environ)
+    if plan.image_layout is not None and 0 in ranks:
+        load_built_image(plan, runners[0], on_event)  # before dropping caches: loading fills the page cache
     if drop:
         drop_caches(plan, runners, ranks, on_event)
     ran: dict[int, list[str]] = {}
