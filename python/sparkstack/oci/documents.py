@@ -39,6 +39,8 @@ def _fail(where: str, key: str, problem: str) -> SparkstackError:
 
 
 def _show(value: object) -> str:
+    if isinstance(value, (list, dict)):
+        return f"a list of {len(value)}" if isinstance(value, list) else "an object"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -230,6 +230,8 @@ def open_image(path: str | os.PathLike, platform: str | None = "linux/arm64") ->
         docker = DockerArchive(p)
         return docker, _checked(docker, lambda: _from_docker_manifest(docker, platform))
     tar.close()
+    if tar.has("index.json"):
+        raise SparkstackError(f"{p}: holds index.json but no oci-layout file; not an OCI archive")
     raise SparkstackError(f"{p}: neither an OCI archive (index.json) nor a docker archive (manifest.json)")
 
 
