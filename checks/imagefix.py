@@ -204,8 +204,10 @@ def layout_to_oci_archive(layout: Path, tar_path: Path) -> None:
             tar.add(p, arcname=p.relative_to(layout).as_posix(), recursive=False)
 
 
-def layout_to_docker_archive(layout: Path, tar_path: Path) -> None:
-    """A docker-save style archive: manifest.json naming config and layer files by path."""
+def layout_to_docker_archive(layout: Path, tar_path: Path, edit=None) -> None:
+    """A docker-save style archive: manifest.json naming config and layer files by path.
+
+    `edit`, if given, maps the manifest.json document to another document, or to raw bytes."""
     index = json.loads((layout / "index.json").read_text())
     manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text())
     blob = lambda d: (layout / "blobs/sha256" / d.split(":")[1]).read_bytes()  # noqa: E731
@@ -221,7 +223,67 @@ def layout_to_docker_archive(layout: Path, tar_path: Path) -> None:
             name = f"layer{i}/layer.tar"
             add(name, blob(l["digest"]))
             layer_names.append(name)
-        add("manifest.json", json.dumps([{"Config": cfg_name, "RepoTags": ["fixture/base:1"], "Layers": layer_names}]).encode())
+        doc = [{"Config": cfg_name, "RepoTags": ["fixture/base:1"], "Layers": layer_names}]
+        add("manifest.json", as_bytes(edit(doc) if edit else doc))
+
+
+# ---------------------------------------------------------------- editing a layout's documents (hostile bases)
+
+
+def as_bytes(doc) -> bytes:
+    return doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+
+
+def blob_path(layout: Path, digest: str) -> Path:
+    return layout / "blobs" / "sha256" / digest.split(":", 1)[1]
+
+
+def put_blob(layout: Path, data: bytes) -> str:
+    d = _sha(data)
+    (layout / "blobs" / "sha256" / d.split(":")[1]).write_bytes(data)
+    return d
+
+
+def read_doc(layout: Path, digest: str):
+    return json.loads(blob_path(layout, digest).read_bytes())
+
+
+def restack(layout: Path, config=None, manifest=None, index=None) -> None:
+    """Rewrite the first image's documents bottom-up: config, manifest, then index.json.
+
+    Each edit maps the parsed document to a new document or to raw bytes. Every blob written is
+    re-pointed from its parent by its true digest and size, so the only defect is the edit's own.
+    """
+    idx = json.loads((layout / "index.json").read_text())
+    desc = idx["manifests"][0]
+    man = read_doc(layout, desc["digest"])
+    if config is not None:
+        data = as_bytes(config(read_doc(layout, man["config"]["digest"])))
+        man["config"].update(digest=put_blob(layout, data), size=len(data))
+    data = as_bytes(manifest(man) if manifest is not None else man)
+    desc.update(digest=put_blob(layout, data), size=len(data))
+    (layout / "index.json").write_bytes(as_bytes(index(idx) if index is not None else idx))
+
+
+def replace_layer(layout: Path, i: int, blob: bytes, diff_id: str | None = None) -> str:
+    """Swap layer i's blob for `blob` (and its diff_id, if given), re-pointing the manifest. Returns its digest."""
+    digest = put_blob(layout, blob)
+
+    def man(m):
+        m["layers"][i].update(digest=digest, size=len(blob))
+        return m
+
+    def cfg(c):
+        if diff_id is not None:
+            c["rootfs"]["diff_ids"][i] = diff_id
+        return c
+
+    restack(layout, config=cfg, manifest=man)
+    return digest
+
+
+def first_manifest(layout: Path) -> dict:
+    return read_doc(layout, json.loads((layout / "index.json").read_text())["manifests"][0]["digest"])
 
 
 # ---------------------------------------------------------------- the fixture overlay

@@ -21,7 +21,9 @@ from typing import BinaryIO
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.oci.model import LAYER_GZIP, LAYER_TAR, LAYER_ZSTD, OPAQUE, WHITEOUT, Layer, digest_hex
+from sparkstack.oci.model import (
+    LAYER_GZIP, LAYER_TAR, LAYER_ZSTD, OPAQUE, WHITEOUT, BlobIdentity, Layer, digest_hex, same_blob_file,
+)
 from sparkstack.oci.source import BlobSource
 
 @dataclass(frozen=True)
@@ -84,48 +86,180 @@ class HashingReader(io.RawIOBase):
 
 
 @contextmanager
-def uncompressed(raw: BinaryIO, media_type: str) -> Iterator[BinaryIO]:
-    if media_type == LAYER_GZIP:
-        yield _GunzipReader(raw)
-    elif media_type == LAYER_ZSTD:
-        import zstandard
+def digest_first(outer: HashingReader, digest: str, label: str) -> Iterator[None]:
+    """Report a content error in a blob that does not match its digest as that mismatch: the root cause."""
+    try:
+        yield
+    except SparkstackError:
+        outer.drain()
+        if "sha256:" + outer.hash.hexdigest() != digest:
+            raise SparkstackError(f"{label}: blob does not match its digest") from None
+        raise
 
-        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False) as r:
-            yield r
+
+@contextmanager
+def uncompressed(raw: BinaryIO, media_type: str, label: str) -> Iterator[BinaryIO]:
+    """The layer's tar stream. `label` names the source and layer in every decompression error."""
+    if media_type == LAYER_GZIP:
+        yield _GunzipReader(raw, label)
+    elif media_type == LAYER_ZSTD:
+        yield _ZstdReader(raw, label)
     elif media_type == LAYER_TAR:
         yield raw
     else:
-        raise SparkstackError(f"unsupported layer media type {media_type}")
+        raise SparkstackError(f"{label}: unsupported layer media type {media_type}")
 
 
 class _GunzipReader(io.RawIOBase):
-    """Streaming gunzip over concatenated members, without gzip.GzipFile's extra buffering."""
+    """Streaming gunzip over concatenated members, without gzip.GzipFile's extra buffering.
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw, self.z, self.pending = raw, zlib.decompressobj(31), b""
+    Output is bounded by the caller's buffer (a gzip bomb never inflates a whole input chunk at once),
+    and input that ends inside a member is an error, not a quiet end of the tar.
+    """
+
+    def __init__(self, raw: BinaryIO, label: str) -> None:
+        self.raw, self.label = raw, label
+        self.z, self.tail = zlib.decompressobj(31), b""
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf) -> int:
-        while not self.pending:
-            chunk = self.raw.read(1 << 20)
-            if not chunk:
-                if self.z.unused_data:
-                    chunk, self.z = self.z.unused_data, zlib.decompressobj(31)
-                    self.pending = self.z.decompress(chunk)
-                    continue
-                return 0
-            try:
-                self.pending = self.z.decompress(chunk)
-            except zlib.error as exc:
-                raise SparkstackError(f"corrupt gzip layer ({exc})") from None
-            if self.z.eof and self.z.unused_data:
-                rest, self.z = self.z.unused_data, zlib.decompressobj(31)
-                self.pending += self.z.decompress(rest)
-        n = min(len(buf), len(self.pending))
-        buf[:n] = self.pending[:n]
-        self.pending = self.pending[n:]
+        while True:
+            if not self.tail:
+                self.tail = self.raw.read(fsio.CHUNK)
+                if not self.tail:
+                    if self.z.eof:
+                        return 0
+                    out = self._inflate(b"", len(buf))  # zlib may still hold output for input it has taken
+                    if not out:  # also an empty blob: no gzip member at all
+                        raise SparkstackError(f"{self.label}: truncated gzip layer (the stream ends mid-member)")
+                    buf[: len(out)] = out
+                    return len(out)
+            if self.z.eof:  # the next gzip member follows
+                self.z = zlib.decompressobj(31)
+            out = self._inflate(self.tail, len(buf))
+            self.tail = self.z.unused_data if self.z.eof else self.z.unconsumed_tail
+            if out:
+                buf[: len(out)] = out
+                return len(out)
+
+    def _inflate(self, data: bytes, limit: int) -> bytes:
+        try:
+            return self.z.decompress(data, limit)
+        except zlib.error as exc:
+            raise SparkstackError(f"{self.label}: corrupt gzip layer ({exc})") from None
+
+
+ZSTD_MAGIC = 0xFD2FB528
+
+
+class ZstdFrames:
+    """Follows zstd frame structure over the compressed bytes (headers and block sizes only).
+
+    zstandard's stream reader stops quietly when its input ends mid-frame; this tells a complete
+    stream from a truncated one. Fed every byte the decompressor reads.
+    """
+
+    def __init__(self) -> None:
+        self.frames, self.error = 0, ""
+        self._skip, self._want, self._got, self._next = 0, 4, bytearray(), self._magic
+        self._checksum = False
+
+    @property
+    def complete(self) -> bool:
+        return not self.error and self.frames > 0 and not self._skip and not self._got and self._next == self._magic
+
+    def feed(self, data: bytes) -> None:
+        view, i = memoryview(data), 0
+        while i < len(view) and not self.error:
+            if self._skip:
+                n = min(self._skip, len(view) - i)
+                self._skip, i = self._skip - n, i + n
+                continue
+            n = min(self._want - len(self._got), len(view) - i)
+            self._got += view[i:i + n]
+            i += n
+            if len(self._got) == self._want:
+                field, self._got = bytes(self._got), bytearray()
+                self._next(field)
+
+    def _expect(self, n: int, then) -> None:
+        self._want, self._next = n, then
+
+    def _magic(self, field: bytes) -> None:
+        magic = int.from_bytes(field, "little")
+        if magic == ZSTD_MAGIC:
+            self._expect(1, self._frame_header)
+        elif magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: a 4-byte size, then that many bytes
+            self._expect(4, self._skippable)
+        else:
+            self.error = f"no zstd frame at magic {field.hex()}"
+
+    def _skippable(self, field: bytes) -> None:
+        self._skip = int.from_bytes(field, "little")
+        self._expect(4, self._magic)
+
+    def _frame_header(self, field: bytes) -> None:
+        d = field[0]
+        if d & 0x08:
+            self.error = "reserved bit set in a zstd frame header"
+            return
+        single = (d >> 5) & 1
+        fcs = (d >> 6) & 3
+        self._checksum = bool(d & 0x04)
+        # window descriptor, dictionary id, frame content size
+        self._skip = (0 if single else 1) + (0, 1, 2, 4)[d & 3] + ((1 if single else 0), 2, 4, 8)[fcs]
+        self._expect(3, self._block)
+
+    def _block(self, field: bytes) -> None:
+        header = int.from_bytes(field, "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        if kind == 3:
+            self.error = "reserved zstd block type"
+            return
+        self._skip = 1 if kind == 1 else size  # an RLE block stores one byte
+        if last:
+            self.frames += 1
+            self._skip += 4 if self._checksum else 0
+            self._expect(4, self._magic)
+
+
+class _Tap(io.RawIOBase):
+    """Passes reads through, showing each chunk to `see` on the way."""
+
+    def __init__(self, raw: BinaryIO, see: Callable[[bytes], None]) -> None:
+        self.raw, self.see = raw, see
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.see(data)
+        return data
+
+
+class _ZstdReader(io.RawIOBase):
+    def __init__(self, raw: BinaryIO, label: str) -> None:
+        import zstandard
+
+        self.label, self.errors, self.frames = label, zstandard.ZstdError, ZstdFrames()
+        self.reader = zstandard.ZstdDecompressor().stream_reader(_Tap(raw, self.frames.feed), read_across_frames=True,
+                                                                  closefd=False)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        try:
+            n = self.reader.readinto(buf)
+        except self.errors as exc:
+            raise SparkstackError(f"{self.label}: corrupt zstd layer ({exc})") from None
+        if self.frames.error:
+            raise SparkstackError(f"{self.label}: corrupt zstd layer ({self.frames.error})")
+        if n == 0 and not self.frames.complete:
+            raise SparkstackError(f"{self.label}: truncated zstd layer (the stream ends mid-frame)")
         return n
 
 
@@ -164,18 +298,28 @@ class LayerCache:
     def object_path(self, sha256: str) -> Path:
         return self.root / "objects" / sha256
 
-    def load(self, digest: str) -> LayerIndex | None:
+    def load(self, digest: str, identity: BlobIdentity, diff_id: str) -> LayerIndex | None:
+        """The cached index, only if it was verified from this very file, unchanged, for this diff_id.
+
+        Anything else (another copy of the blob, a rewritten one, a config naming another diff_id,
+        an index from an older sparkstack) is a miss, and the layer is scanned and verified again.
+        """
         try:
             doc = json.loads(self._index_path(digest).read_text())
-        except (OSError, ValueError):
+            saved = BlobIdentity(*doc["identity"])
+            if doc["digest"] != digest or doc["diff_id"] != diff_id or not same_blob_file(saved, identity):
+                return None
+            entries = {e[0]: Entry(*e) for e in doc["entries"]}
+        except (OSError, ValueError, KeyError, TypeError):
             return None
         self.stats["index_hits"] += 1
-        return LayerIndex(digest, {e[0]: Entry(*e) for e in doc["entries"]})
+        return LayerIndex(digest, entries)
 
-    def save(self, index: LayerIndex) -> None:
+    def save(self, index: LayerIndex, identity: BlobIdentity, diff_id: str) -> None:
+        """Record an index verified from the file `identity` names, whose content hashed to `diff_id`."""
         path = self._index_path(index.digest)
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"digest": index.digest, "verified": True,
+        doc = {"digest": index.digest, "diff_id": diff_id, "identity": identity.to_json(),
                "entries": [[e.path, e.kind, e.mode, e.size, e.link, e.sha256] for e in index.entries.values()]}
         fsio.write_atomic(path, json.dumps(doc).encode())
 
@@ -199,10 +343,12 @@ def scan_layer(src: BlobSource, layer: Layer, cache: LayerCache, capture: Callab
                on_progress: Callable[[int], None] | None = None) -> LayerIndex:
     """Stream one layer: verify its digest and diff_id, index every entry, keep wanted file contents."""
     index = LayerIndex(layer.digest)
-    label = f"{src.label}: layer {layer.digest[:19]}"
+    label = f"{src.label}: layer {layer.digest}"
+    identity = src.blob_identity(layer.digest)  # before reading: what is verified below is this file's content
     with src.open_blob(layer.digest) as raw:
         outer = HashingReader(raw, on_progress)
-        with uncompressed(io.BufferedReader(outer, fsio.CHUNK), layer.media_type) as plain:
+        with digest_first(outer, layer.digest, label), \
+                uncompressed(io.BufferedReader(outer, fsio.CHUNK), layer.media_type, label) as plain:
             inner = HashingReader(plain)
             try:
                 with tarfile.open(fileobj=io.BufferedReader(inner, fsio.CHUNK), mode="r|") as tar:
@@ -214,11 +360,14 @@ def scan_layer(src: BlobSource, layer: Layer, cache: LayerCache, capture: Callab
         outer.drain()
     cache.stats["layer_bytes_read"] += outer.count
     cache.stats["layers_read"] += 1
+    if outer.count != layer.size:
+        raise SparkstackError(f"{label}: blob is {outer.count} bytes, its descriptor says {layer.size}")
     if "sha256:" + outer.hash.hexdigest() != layer.digest:
         raise SparkstackError(f"{label}: blob does not match its digest")
     if "sha256:" + inner.hash.hexdigest() != layer.diff_id:
         raise SparkstackError(f"{label}: diffid mismatch (uncompressed content does not match the config)")
-    cache.save(index)
+    if src.blob_identity(layer.digest) == identity:  # not rewritten while it was read
+        cache.save(index, identity, layer.diff_id)
     return index
 
 

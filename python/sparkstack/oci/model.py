@@ -58,6 +58,40 @@ class Layer:
 
 
 @dataclass(frozen=True)
+class BlobIdentity:
+    """Which bytes on disk a blob is: the stat of the file holding it, and where in that file it sits."""
+
+    device: int
+    inode: int
+    file_size: int
+    mtime_ns: int
+    ctime_ns: int
+    links: int
+    offset: int  # of the blob's first byte in the file (a tar member's data); 0 for a layout blob
+    size: int  # the blob's own length
+
+    @staticmethod
+    def of(st, offset: int, size: int) -> BlobIdentity:
+        return BlobIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, offset, size)
+
+    def to_json(self) -> list[int]:
+        return [self.device, self.inode, self.file_size, self.mtime_ns, self.ctime_ns, self.links, self.offset, self.size]
+
+
+def same_blob_file(saved: BlobIdentity, now: BlobIdentity) -> bool:
+    """Is `now` the very file `saved` was verified from, unwritten since?
+
+    Any write changes the ctime, and a write that also restores the mtime still does. The one ctime change
+    forgiven is one that comes with a new link count: `image build` hardlinks base blobs into its output,
+    which bumps the ctime of a blob nobody wrote.
+    """
+    if (saved.device, saved.inode, saved.file_size, saved.mtime_ns, saved.offset, saved.size) != (
+            now.device, now.inode, now.file_size, now.mtime_ns, now.offset, now.size):
+        return False
+    return saved.ctime_ns == now.ctime_ns or saved.links != now.links
+
+
+@dataclass(frozen=True)
 class Image:
     """One platform's image: its manifest, config and layers, as read from a source."""
 

@@ -26,7 +26,7 @@ class RootFS:
         """Load every layer's index, scanning (and verifying) only layers the cache does not know."""
         self.layers = []
         for layer in self.image.layers:
-            cached = self.cache.load(layer.digest)
+            cached = self.cache.load(layer.digest, self.src.blob_identity(layer.digest), layer.diff_id)
             self.layers.append(cached or scan_layer(self.src, layer, self.cache, capture, self.on_progress))
 
     def lookup(self, path: str) -> tuple[int, Entry] | None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
+from sparkstack.oci.documents import docker_entries
 from sparkstack.oci.model import Image, digest_hex
-from sparkstack.oci.layers import HashingReader, uncompressed
+from sparkstack.oci.layers import HashingReader, digest_first, uncompressed
 from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchive, open_image
 
 
@@ -33,17 +35,21 @@ def verify_image(path: Path, platform: str | None = None,
     try:
         checked = 0
         for layer in image.layers:
+            label = f"{path}: layer {layer.digest}"
             with src.open_blob(layer.digest) as raw:
                 counted = HashingReader(raw, on_progress)
-                with uncompressed(io.BufferedReader(counted, fsio.CHUNK), layer.media_type) as plain:
+                with digest_first(counted, layer.digest, label), \
+                        uncompressed(io.BufferedReader(counted, fsio.CHUNK), layer.media_type, label) as plain:
                     plain_hash = HashingReader(plain)
                     plain_hash.drain()
                 counted.drain()
             diff_id = "sha256:" + plain_hash.hash.hexdigest()
+            if counted.count != layer.size:
+                raise SparkstackError(f"{label}: blob is {counted.count} bytes, its descriptor says {layer.size}")
             if "sha256:" + counted.hash.hexdigest() != layer.digest:
-                raise SparkstackError(f"{path}: layer {layer.digest} does not match its digest")
+                raise SparkstackError(f"{label}: blob does not match its digest")
             if diff_id != layer.diff_id:
-                raise SparkstackError(f"{path}: layer {layer.digest} diffid mismatch: content is {diff_id}")
+                raise SparkstackError(f"{label}: diffid mismatch: content is {diff_id}")
             checked += counted.count
         docker = _check_docker_manifest(src, image)
     finally:
@@ -56,16 +62,16 @@ def _check_docker_manifest(src: BlobSource, image: Image) -> bool:
     if isinstance(src, DockerArchive):
         return True
     if isinstance(src, LayoutDir):
-        path = src.root / "manifest.json"
-        if not path.exists():
+        if not os.path.lexists(src.root / "manifest.json"):
             return False
-        entries = src.read_json("manifest.json")
+        where = str(src.root / "manifest.json")
     elif isinstance(src, TarArchive) and src.has("manifest.json"):
-        entries = src.read_json("manifest.json")
+        where = f"{src.label}: manifest.json"
     else:
         return False
-    want_config = f"blobs/sha256/{digest_hex(image.config_digest)}"
-    want_layers = [f"blobs/sha256/{digest_hex(l.digest)}" for l in image.layers]
-    if not entries or entries[0].get("Config") != want_config or entries[0].get("Layers") != want_layers:
-        raise SparkstackError(f"{src.label}: manifest.json does not describe the same image as index.json")
+    entries = docker_entries(src.read_json("manifest.json"), where)
+    want = (f"blobs/sha256/{digest_hex(image.config_digest)}",
+            tuple(f"blobs/sha256/{digest_hex(l.digest)}" for l in image.layers))
+    if len(entries) != 1 or entries[0] != want:
+        raise SparkstackError(f"{where}: does not describe the same image as index.json")
     return True

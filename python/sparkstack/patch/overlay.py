@@ -81,6 +81,10 @@ class Overlay:
         return tuple(s for s in self.steps if s.enabled or s.name in extra)
 
 
+MAX_TOML = 4 << 20  # an overlay.toml is a page of text
+_VARIANT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # it becomes part of the image tag
+
+
 def _keys(where: str, table: dict, required: set[str], optional: set[str] = frozenset()) -> None:
     unknown = set(table) - required - optional
     if unknown:
@@ -90,14 +94,48 @@ def _keys(where: str, table: dict, required: set[str], optional: set[str] = froz
         raise SparkstackError(f"{where}: missing key {sorted(missing)[0]!r}")
 
 
+def _table(where: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise SparkstackError(f"{where}: expected a table, got {value!r}")
+    return value
+
+
+def _tables(where: str, value: object) -> list[dict]:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise SparkstackError(f"{where}: expected an array of tables, got {value!r}")
+    return value
+
+
+def _text(where: str, value: object) -> str:
+    """A one-line name: it is printed in messages and labels, so no control characters."""
+    if not isinstance(value, str) or not value or any(c < " " or c == "\x7f" for c in value):
+        raise SparkstackError(f"{where}: expected a non-empty one-line string, got {value!r}")
+    return value
+
+
+def _bool(where: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SparkstackError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
 def _strs(where: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SparkstackError(f"{where}: expected a list of strings")
+        raise SparkstackError(f"{where}: expected a list of strings, got {value!r}")
     return tuple(value)
 
 
+def _argv(where: str, value: object) -> tuple[str, ...]:
+    """Strings that become argv entries: a NUL cannot be passed to a process."""
+    args = _strs(where, value)
+    for arg in args:
+        if "\0" in arg:
+            raise SparkstackError(f"{where}: {arg!r} contains a NUL byte")
+    return args
+
+
 def _step_args(where: str, value: object) -> tuple[str, ...]:
-    args = _strs(f"{where} args", value)
+    args = _argv(f"{where} args", value)
     for arg in args:
         for m in PLACEHOLDER.finditer(arg):
             kind, rel = m.group(1), m.group(2)
@@ -108,55 +146,115 @@ def _step_args(where: str, value: object) -> tuple[str, ...]:
     return args
 
 
-def _relpath(where: str, value: object) -> str:
-    if not isinstance(value, str) or not value or value.startswith("/") or ".." in value.split("/"):
-        raise SparkstackError(f"{where}: {value!r} must be a relative path inside the tree")
-    return value
+def _relpath(where: str, value: object, image_root: bool = False) -> str:
+    """A path inside its tree, normalised ("a//b/./c" -> "a/b/c").
+
+    Refused: not a string, absolute, any ".." part, NUL, backslash or other control characters,
+    and nothing left after normalising ("", ".", "./"). With `image_root`, a leading "/" means the
+    image root (vllm_root = "/usr/..." and "usr/..." are one path), and the rest must pass the same checks.
+    """
+    if not isinstance(value, str):
+        raise SparkstackError(f"{where}: expected a path string, got {value!r}")
+    rel = value.lstrip("/") if image_root else value
+    problem = None
+    if any(c < " " or c in "\\\x7f" for c in rel):
+        problem = "contains a control character or backslash"
+    elif rel.startswith("/"):
+        problem = "is absolute"
+    elif ".." in rel.split("/"):
+        problem = "contains .."
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if problem is None and not parts:
+        problem = "names no file (empty or \".\")"
+    if problem:
+        raise SparkstackError(f"{where}: {value!r} {problem}; it must be a relative path inside the tree")
+    return "/".join(parts)
+
+
+def _read_toml(path: Path, directory: Path) -> dict:
+    if not path.exists():
+        raise SparkstackError(f"{directory}: no overlay.toml")
+    if not path.is_file():  # a fifo would block the read forever
+        raise SparkstackError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        data = f.read(MAX_TOML + 1)
+    if len(data) > MAX_TOML:
+        raise SparkstackError(f"{path}: larger than {MAX_TOML} bytes; not an overlay.toml")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SparkstackError(f"{path}: not UTF-8 (bad byte at offset {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SparkstackError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise SparkstackError(f"{path}: not valid TOML (nested too deeply)") from None
 
 
 def load_overlay(directory: Path) -> Overlay:
     path = directory / "overlay.toml"
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise SparkstackError(f"{directory}: no overlay.toml") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SparkstackError(f"{path}: not valid TOML ({exc})") from None
+    doc = _read_toml(path, directory)
     w = str(path)
     _keys(w, doc, {"name", "image", "source"}, {"install", "steps", "gates", "variants"})
-    _keys(f"{w} [image]", doc["image"], {"name"}, {"vllm_root"})
-    _keys(f"{w} [source]", doc["source"], {"repo", "rev", "subdir"})
-    rev = doc["source"]["rev"]
+    name = _text(f"{w} name", doc["name"])
+    image = _table(f"{w} [image]", doc["image"])
+    _keys(f"{w} [image]", image, {"name"}, {"vllm_root"})
+    image_name = _text(f"{w} [image] name", image["name"])
+    if " " in image_name:
+        raise SparkstackError(f"{w} [image] name: {image_name!r} is not an image name (it contains a space)")
+    vllm_root = _relpath(f"{w} [image] vllm_root", image.get("vllm_root", DEFAULT_VLLM_ROOT), image_root=True)
+    source = _table(f"{w} [source]", doc["source"])
+    _keys(f"{w} [source]", source, {"repo", "rev", "subdir"})
+    repo = _text(f"{w} [source] repo", source["repo"])
+    rev = source["rev"]
     if not (isinstance(rev, str) and len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)):
         raise SparkstackError(f"{w} [source]: rev must be a full 40-hex commit, got {rev!r}")
+    subdir = _relpath(f"{w} [source] subdir", source["subdir"])
 
     installs = []
-    for i, t in enumerate(doc.get("install", [])):
-        _keys(f"{w} [[install]] #{i + 1}", t, {"src", "dest", "sha256"})
-        installs.append(Install(SourceFile(_relpath(w, t["src"]), _sha(w, t["sha256"])), _relpath(w, t["dest"])))
+    for i, t in enumerate(_tables(f"{w} [[install]]", doc.get("install", []))):
+        where = f"{w} [[install]] #{i + 1}"
+        _keys(where, t, {"src", "dest", "sha256"})
+        installs.append(Install(SourceFile(_relpath(f"{where} src", t["src"]), _sha(where, t["sha256"])),
+                                _relpath(f"{where} dest", t["dest"])))
     steps = []
-    for i, t in enumerate(doc.get("steps", [])):
+    for i, t in enumerate(_tables(f"{w} [[steps]]", doc.get("steps", []))):
         where = f"{w} [[steps]] #{i + 1}"
         _keys(where, t, {"name", "script", "sha256", "args", "touches"}, {"markers", "enabled"})
-        steps.append(Step(t["name"], SourceFile(_relpath(where, t["script"]), _sha(where, t["sha256"])),
+        step_name = _text(f"{where} name", t["name"])
+        if any(s.name == step_name for s in steps):
+            raise SparkstackError(f"{where} name: {step_name!r} names an earlier step too")
+        steps.append(Step(step_name, SourceFile(_relpath(f"{where} script", t["script"]), _sha(where, t["sha256"])),
                           _step_args(where, t["args"]),
-                          tuple(_relpath(where, p) for p in _strs(f"{where} touches", t["touches"])),
-                          _strs(f"{where} markers", t.get("markers", [])), bool(t.get("enabled", True))))
-    gates = doc.get("gates", {})
+                          tuple(_relpath(f"{where} touches", p) for p in _strs(f"{where} touches", t["touches"])),
+                          _strs(f"{where} markers", t.get("markers", [])),
+                          _bool(f"{where} enabled", t.get("enabled", True))))
+    gates = _table(f"{w} [gates]", doc.get("gates", {}))
     _keys(f"{w} [gates]", gates, set(), {"runtime"})
-    runtime = tuple(_strs(f"{w} [gates] runtime", g) for g in gates.get("runtime", []))
+    runtime_list = gates.get("runtime", [])
+    if not isinstance(runtime_list, list):
+        raise SparkstackError(f"{w} [gates] runtime: expected a list of commands, got {runtime_list!r}")
+    runtime = []
+    for g in runtime_list:
+        argv = _argv(f"{w} [gates] runtime", g)
+        if not argv:
+            raise SparkstackError(f"{w} [gates] runtime: a gate is an empty command")
+        runtime.append(argv)
     variants = {}
-    for name, t in doc.get("variants", {}).items():
-        where = f"{w} [variants.{name}]"
-        _keys(where, t, {"wheels"}, {"load_format"})
+    for vname, t in _table(f"{w} [variants]", doc.get("variants", {})).items():
+        where = f"{w} [variants.{vname}]"
+        if not _VARIANT.fullmatch(vname) or vname == "plain":
+            raise SparkstackError(f"{where}: {vname!r} cannot name a variant (letters, digits, _ . -; not \"plain\")")
+        _keys(where, _table(where, t), {"wheels"}, {"load_format"})
         wheels = []
-        for j, wt in enumerate(t["wheels"]):
+        for j, wt in enumerate(_tables(f"{where} wheels", t["wheels"])):
             _keys(f"{where} wheel #{j + 1}", wt, {"file", "sha256"})
-            wheels.append(Wheel(_relpath(where, wt["file"]), _sha(where, wt["sha256"])))
-        variants[name] = Variant(name, tuple(wheels), t.get("load_format"))
-    return Overlay(path, doc["name"], doc["image"]["name"], doc["source"]["repo"], rev, doc["source"]["subdir"],
-                   doc["image"].get("vllm_root", DEFAULT_VLLM_ROOT).strip("/"), tuple(installs), tuple(steps),
-                   runtime, variants)
+            wheels.append(Wheel(_relpath(f"{where} wheel #{j + 1} file", wt["file"]), _sha(where, wt["sha256"])))
+        load_format = t.get("load_format")
+        if load_format is not None:
+            load_format = _text(f"{where} load_format", load_format)
+        variants[vname] = Variant(vname, tuple(wheels), load_format)
+    return Overlay(path, name, image_name, repo, rev, subdir, vllm_root, tuple(installs), tuple(steps),
+                   tuple(runtime), variants)
 
 
 def _sha(where: str, value: object) -> str:
@@ -170,6 +268,8 @@ def _sha(where: str, value: object) -> str:
 def read_checked(source_dir: Path, f: SourceFile, allow_unpinned: bool) -> bytes:
     """Read one overlay source file and check it against its pinned sha256."""
     path = source_dir / f.path
+    if path.exists() and not path.is_file():  # a fifo would block the read forever
+        raise SparkstackError(f"{path}: overlay source file is not a regular file")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
