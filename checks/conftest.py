@@ -9,8 +9,7 @@ CHECKS = Path(__file__).parent
 sys.path.insert(0, str(CHECKS))
 
 
-def sparkstack_cmd() -> list[str]:
-    return [sys.executable, "-m", "sparkstack.cli"]
+from clirun import sparkstack_cmd  # noqa: E402
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import sparkstack_cmd
+from clirun import sparkstack_cmd
 
 USAGE_ERRORS = [
     (["launch", "9", "--dry-run"], {}),

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import sparkstack_cmd
+from clirun import sparkstack_cmd
 
 ROOT = Path(__file__).parents[2]
 TUNED = ROOT / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"

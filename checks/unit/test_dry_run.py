@@ -25,7 +25,7 @@ import imagefix as fx
 import standins
 import synth
 from registry_standin import Standin, fixture_repo
-from conftest import sparkstack_cmd
+from clirun import sparkstack_cmd
 from sparkstack.cli import main
 
 # Calls that only read. Anything else recorded under --dry-run is an act.

@@ -185,7 +185,7 @@ def test_pins_file_is_found_from_the_working_directory_upward(reg, run_cli, tmp_
     for d in ("python/sparkstack", "overlays", "recipes", "nix", "deep/er"):
         (root / d).mkdir(parents=True)
     env = dict(os.environ, **reg["env"])
-    from conftest import sparkstack_cmd
+    from clirun import sparkstack_cmd
 
     proc = subprocess.run(sparkstack_cmd() + ["pin", "base", reg["ref"]], cwd=root / "deep/er", env=env,
                           capture_output=True, text=True)

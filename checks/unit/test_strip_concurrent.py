@@ -9,7 +9,7 @@ import time
 from safetensors.torch import load_file
 
 import synth
-from conftest import sparkstack_cmd
+from clirun import sparkstack_cmd
 
 RUNS = 6
 MAIN_KEYS = {s.name for specs in synth.DEFAULT_SHARDS.values() for s in specs if not s.mtp}

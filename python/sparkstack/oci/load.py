@@ -176,7 +176,7 @@ def write_docker_archive(out: BinaryIO, src: BlobSource, image: Image, name: str
 
     manifest = docker_manifest(image, name)
     put(_tar_header("manifest.json", len(manifest)) + manifest + _padding(len(manifest)))
-    config = src.read_blob(image.config_digest)  # checked against its digest
+    config = src.read_blob(image.config_digest, image.manifest["config"]["size"], "config")  # size and digest checked
     put(_tar_header(f"blobs/sha256/{digest_hex(image.config_digest)}", len(config)) + config + _padding(len(config)))
     buf = bytearray(CHUNK)
     done = set()
