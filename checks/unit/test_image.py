@@ -1,25 +1,17 @@
 """image build / verify / patch check on fixture bases, validated with umoci and skopeo."""
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import imagefix as fx
+from clirun import need
 
 VLLM = fx.VLLM
 
 
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("SPARKSTACK_REQUIRE_TOOLS"):
-            pytest.fail(f"{tool} is required here (SPARKSTACK_REQUIRE_TOOLS is set) but not installed")
-        pytest.skip(f"{tool} not installed")
-    return path
 
 
 @pytest.fixture

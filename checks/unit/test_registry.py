@@ -16,19 +16,13 @@ import pytest
 import requests
 
 import imagefix as fx
+from clirun import need
 from registry_standin import OCI_INDEX, OCI_MANIFEST, Standin, fixture_repo
 
 FACTS_DIGEST = "sha256:d77d375c742fc54f436dec5108b440f58f021bc6600052bf0e8fe5840357e78f"  # FACTS.md §2
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("SPARKSTACK_REQUIRE_TOOLS"):
-            pytest.fail(f"{tool} is required here (SPARKSTACK_REQUIRE_TOOLS is set) but not installed")
-        pytest.skip(f"{tool} not installed")
-    return path
 
 
 def sha(data: bytes) -> str:
