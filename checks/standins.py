@@ -3,7 +3,8 @@
 Each appends its argv as one JSON line to $RECORD_LOG. The ssh stand-in runs its remote command here, through
 the same stand-ins, with STANDIN_REMOTE=1 set, so a test can tell a worker's docker from the head's. The docker
 stand-in answers `image inspect` with $STANDIN_IMAGE_ID (or $STANDIN_REMOTE_IMAGE_ID on a "remote" call); an
-empty value means "No such image" (exit 1).
+empty value means "No such image" (exit 1). A container's org.sparkstack.rank label is the digits its name ends in
+after "rank" (launch's default names), else absent.
 """
 
 import json
@@ -28,11 +29,17 @@ if name in ("docker", "podman"):
         args = args[2:]
     remote = os.environ.get("STANDIN_REMOTE") == "1"
     image_id = os.environ.get("STANDIN_REMOTE_IMAGE_ID" if remote else "STANDIN_IMAGE_ID", "{default_id}")
-    if args[:2] == ["image", "inspect"]:
+    if "org.sparkstack.gates.runtime" in " ".join(args):
+        print(os.environ.get("STANDIN_GATES_LABEL", ""))  # empty: no label, the default gates
+    elif args[:2] == ["image", "inspect"]:
         if not image_id:
             print("Error: No such image: " + args[-1], file=sys.stderr)
             sys.exit(1)
         print(image_id)
+    elif args[:1] == ["inspect"] and "org.sparkstack.rank" in " ".join(args):
+        import re
+        owned = re.search(r"rank(\d+)$", args[-1])  # launch's default names end in the rank: glm53-tony-rankN
+        print(owned.group(1) if owned else "<no value>")
     elif args[:1] == ["inspect"]:
         print("running 2026-11-29T00:00:00.000000000Z " + (image_id or "{default_id}"))
     elif args[:1] == ["run"]:

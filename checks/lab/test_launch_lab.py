@@ -147,16 +147,20 @@ def test_stop_works_with_the_fabric_down(launch_world):
 
 
 def test_probe_runs_runtime_gates_in_the_image(launch_world):
-    """--probe --gates runs the import gates in a throwaway container. The stand-in has no DFlash2, so they fail:
-    which shows they really ran inside the image."""
+    """--gates runs the import gates in a throwaway container, in preflight (never under --dry-run). The stand-in has
+    no DFlash2, so they fail: which shows they really ran inside the image, and preflight stops the launch."""
     lab, image, work, root, home = launch_world
     recipe = lab_recipe(lab, work, {})
+    proc = sparkstack(lab, launch_world, recipe, "0", "--gates")
+    assert proc.returncode == 1
+    gate_lines = [l for l in proc.stdout.splitlines() if "gate:" in l]
+    assert len(gate_lines) == 3 and all(l.startswith("fail") for l in gate_lines), proc.stdout
+    assert any("No module named" in l or "ModuleNotFoundError" in l for l in gate_lines)
+    assert containers(lab.head) == []  # preflight failed: nothing started
     proc = sparkstack(lab, launch_world, recipe, "0", "--dry-run", "--probe", "--gates", "--json")
     assert proc.returncode == 0, proc.stderr
     checks = json.loads(proc.stdout)["preflight"]
-    gates = [c for c in checks if c["check"] == "gate"]
-    assert len(gates) == 3 and all(c["status"] == "fail" for c in gates)
-    assert any("No module named" in c["detail"] or "ModuleNotFoundError" in c["detail"] for c in gates)
+    assert [c["status"] for c in checks if c["check"] == "gate"] == ["skip"]  # a dry run starts no container
     identity = [c for c in checks if c["check"] == "image-identity"]
     assert identity and identity[0]["status"] == "pass"  # both ranks hold the same config digest
 

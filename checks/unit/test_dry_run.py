@@ -45,7 +45,8 @@ INVOCATIONS = {
                                                           "--pins", "{pins_unresolved}"]], False),
     ("pin", "fetch"): ([["{pinned_layer}", "--pins", "{pins_resolved}", "--out", "{fetch_out}"]], False),
     ("image", "load"): ([["{base}"], ["{base}", "--host", "rank1"], ["{base}", "--engine", "podman"]], False),
-    ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"]], False),
+    ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"],
+                   ["0", "--probe", "--gates", "{launch}"]], False),
     ("plan", "kv"): ([[]], True),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
@@ -184,8 +185,8 @@ def is_read_only(call: list[str]) -> bool:
     return bool(args) and args[0] in READ_ONLY_DOCKER
 
 
-def run(w: dict, path: tuple[str, ...], args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **w["env"])
+def run(w: dict, path: tuple[str, ...], args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **w["env"], **(env or {}))
     return subprocess.run(sparkstack_cmd() + list(path) + args, cwd=w["work"], env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -234,3 +235,18 @@ def test_recorder_sees_each_rank_drop_caches_and_stop(world):
     run(world, ("launch",), ["stop", *expand(["{launch}"], world)])
     rms = [c for c in recorded(world) if c[0] == "docker" and "rm" in c]
     assert [c[-1] for c in rms] == ["glm53-tony-rank0", "glm53-tony-rank1"]
+
+
+def test_stop_never_removes_a_container_it_did_not_start(world):
+    """NAME=postgres: a container by that name exists on every rank, but without launch's rank label."""
+    proc = run(world, ("launch",), ["stop", *expand(["{launch}"], world)], env={"NAME": "postgres"})
+    assert proc.returncode == 1 and "sparkstack did not start it" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert [c for c in recorded(world) if "rm" in c] == []
+
+
+@pytest.mark.parametrize("label", ["[[]]", "[1]", "null", '"abc"', "[[\"\"]]", "{}"])
+def test_a_hostile_gates_label_is_refused_not_run(world, label):
+    proc = run(world, ("launch",), ["0", "--gates", *expand(["{launch}"], world)], env={"STANDIN_GATES_LABEL": label})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "is not a list of argv lists" in proc.stdout + proc.stderr
+    assert [c for c in recorded(world) if c[0] == "docker" and "run" in c] == []

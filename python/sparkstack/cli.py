@@ -529,7 +529,7 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
         return
     selected = report.select_ranks(plan, target)
     checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
-                           dict(os.environ), Thresholds(min_free_mem_gib=min_free_mem_gib))
+                           dict(os.environ), Thresholds(min_free_mem_gib=min_free_mem_gib), dry_run=dry_run)
     if dry_run:
         if as_json:
             _print_json(report.dry_run_document(plan, target, selected, checks, drop_caches))

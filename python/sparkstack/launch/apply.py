@@ -285,11 +285,31 @@ def stop_commands(plan: LaunchPlan, runners: dict[int, Runner]) -> list[tuple[in
     return [(rank.rank, runners[rank.rank].label, runners[rank.rank].docker("rm", "-f", rank.name)) for rank in plan.ranks]
 
 
+RANK_LABEL = "org.sparkstack.rank"  # set on every container launch starts (plan.docker_run)
+
+
+def _rank_label(runner: Runner, name: str) -> str | None:
+    """The sparkstack rank label of the container `name`; None when there is no such container, "" when unlabelled."""
+    proc = runner.run_docker("inspect", "--format", f'{{{{index .Config.Labels "{RANK_LABEL}"}}}}', name, timeout=30)
+    if proc.returncode != 0:
+        return None
+    label = proc.stdout.strip()
+    return "" if label == "<no value>" else label
+
+
 def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str], None]) -> list[str]:
-    """Carry out stop_commands. Returns the failures."""
+    """Carry out stop_commands, removing only containers launch started for that rank. Returns the failures."""
     failures = []
-    for rank_no, _, argv in stop_commands(plan, runners):
+    for rank_no, where, argv in stop_commands(plan, runners):
         rank = plan.ranks[rank_no]
+        label = _rank_label(runners[rank_no], rank.name)
+        if label is None:
+            on_event(f"rank {rank_no}: {rank.name} was not running")
+            continue
+        if label != str(rank_no):
+            failures.append(f"rank {rank_no} on {where}: a container named {rank.name} exists but sparkstack did not "
+                            f"start it as rank {rank_no} ({RANK_LABEL}={label or 'absent'}); left as it is")
+            continue
         proc = runners[rank_no].run(argv, timeout=60)
         if proc.returncode == 0 or "No such container" in (proc.stderr or ""):
             on_event(f"rank {rank.rank}: {rank.name} removed" if proc.returncode == 0 else f"rank {rank.rank}: {rank.name} was not running")

@@ -272,13 +272,26 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> 
     return checks
 
 
+def _gates_from_label(label: str) -> list[tuple[str, ...]] | None:
+    """The image's runtime gates, or None when the label is not a JSON list of non-empty string lists."""
+    try:
+        doc = json.loads(label)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, list) or not all(
+            isinstance(g, list) and g and all(isinstance(a, str) and a for a in g) for g in doc):
+        return None
+    return [tuple(g) for g in doc]
+
+
 def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
     proc = runner.run_docker("image", "inspect", "--format", '{{index .Config.Labels "org.sparkstack.gates.runtime"}}',
                              plan.image, timeout=30)
-    try:
-        gates = [tuple(g) for g in json.loads(proc.stdout)] if proc.returncode == 0 and proc.stdout.strip() else list(DEFAULT_GATES)
-    except ValueError:
-        gates = list(DEFAULT_GATES)
+    label = proc.stdout.strip() if proc.returncode == 0 else ""
+    gates = _gates_from_label(label) if label else list(DEFAULT_GATES)
+    if gates is None:
+        return [Check("gate", "fail", f"{plan.image}: label org.sparkstack.gates.runtime is not a list of argv lists "
+                                      "of strings; refusing to run it", 0)]
     out = []
     for gate in gates:
         ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", gate[0], plan.image, *gate[1:], timeout=300)
@@ -290,10 +303,13 @@ def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
 
 def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] | None, force: bool, gates: bool,
                   environ: dict, thresholds: Thresholds = Thresholds(),
-                  on_check: Callable[[Check], None] | None = None) -> list[Check]:
+                  on_check: Callable[[Check], None] | None = None, dry_run: bool = False) -> list[Check]:
+    """Under `dry_run`, runners may only be asked read-only questions: the gates, which start a container, are skipped."""
     checks = local_checks(plan, host_root, force, environ, thresholds)
     if runners is not None:
-        checks += docker_checks(plan, runners, gates)
+        checks += docker_checks(plan, runners, gates and not dry_run)
+        if gates and dry_run:
+            checks.append(Check("gate", "skip", "the runtime gates start a throwaway container: not under --dry-run", 0))
     else:
         checks.append(Check("image", "skip", "docker checks need --probe (or run without --dry-run)"))
     if on_check:
