@@ -50,3 +50,16 @@ def test_closed_stdout_ends_quietly(args):
         os.close(write_end)
     assert proc.stderr == ""
     assert proc.returncode == 141
+
+
+@pytest.mark.parametrize("epoch", ["99999999999999999999", "٣", "-1", "1e9", " 5", "253402300800"])
+def test_a_bad_source_date_epoch_is_one_line(run_cli, tmp_path, epoch):
+    import imagefix as fx
+
+    base, src = tmp_path / "base", fx.write_overlay_source(tmp_path / "src")
+    fx.write_base(base)
+    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
+    proc = run_cli("image", "build", "--base", base, "--overlay", overlay, "--overlay-src", src, "--out",
+                   tmp_path / "out", env={"SOURCE_DATE_EPOCH": epoch, "SPARKSTACK_CACHE_DIR": str(tmp_path / "c")})
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1 and "SOURCE_DATE_EPOCH" in proc.stderr
+    assert not (tmp_path / "out").exists()

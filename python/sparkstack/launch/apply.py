@@ -150,17 +150,33 @@ def first_token_s(port: int, model: str, api_key: str | None) -> float:
     body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "stream": True,
             "max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
     t0 = time.monotonic()
-    with requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers, stream=True,
-                       timeout=120) as resp:
-        if resp.status_code != 200:
-            raise SparkstackError(f"chat request returned HTTP {resp.status_code}")
-        for line in resp.iter_lines(decode_unicode=True):
-            if not line or not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            delta = json.loads(line[6:])["choices"][0].get("delta", {})
-            if delta.get("content") or delta.get("reasoning_content"):
-                return time.monotonic() - t0
+    try:
+        with requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers, stream=True,
+                           timeout=120) as resp:
+            if resp.status_code != 200:
+                raise SparkstackError(f"chat request returned HTTP {resp.status_code}")
+            for line in resp.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                delta = _chunk_delta(line[6:])
+                if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
+                    return time.monotonic() - t0
+    except requests.RequestException as exc:
+        raise SparkstackError(f"chat request failed: {type(exc).__name__}") from None
     raise SparkstackError("chat stream ended without a token")
+
+
+def _chunk_delta(data: str) -> dict:
+    """The delta of one streamed chat chunk; anything else (an error event, a non-JSON line) is one clear failure."""
+    try:
+        chunk = json.loads(data)
+        delta = chunk["choices"][0].get("delta") or {}
+        if not isinstance(delta, dict):
+            raise TypeError
+        return delta
+    except (ValueError, RecursionError, KeyError, IndexError, TypeError, AttributeError):
+        shown = data if len(data) <= 120 else data[:117] + "..."
+        raise SparkstackError(f"chat stream sent something that is not a chat chunk: {shown!r}") from None
 
 
 def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_key: str | None,
@@ -194,7 +210,10 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
         if healthy:  # /health, never /v1/models: that one answers 200 with a dead engine
             boot.health_s = round(time.time() - t0, 3)
             on_event(f"/health 200 after {boot.health_s:.1f} s")
-            ttft = first_token_s(plan.api_port, plan.knobs["SERVED_NAME"], api_key)
+            try:
+                ttft = first_token_s(plan.api_port, plan.knobs["SERVED_NAME"], api_key)
+            except SparkstackError as exc:
+                raise LaunchFailed(f"healthy, but no first token: {exc}", all_logs(plan, runners, t.log_tail)) from None
             boot.ttft_s = round(time.time() - t0, 3)
             on_event(f"first token after {boot.ttft_s:.1f} s (request itself {ttft:.2f} s)")
             return boot

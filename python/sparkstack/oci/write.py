@@ -44,10 +44,14 @@ class BuiltLayer:
     layer: Layer
 
 
+MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z: the last second an ISO timestamp in a config can name
+
+
 def source_date_epoch() -> int:
     value = os.environ.get("SOURCE_DATE_EPOCH", "0")
-    if not value.isdigit():
-        raise SparkstackError(f"SOURCE_DATE_EPOCH={value!r} is not a whole number of seconds")
+    if not (value.isascii() and value.isdigit() and len(value) <= 12 and int(value) <= MAX_EPOCH):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise SparkstackError(f"SOURCE_DATE_EPOCH={shown!r} is not a whole number of seconds up to {MAX_EPOCH}")
     return int(value)
 
 

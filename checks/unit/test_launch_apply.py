@@ -1,0 +1,65 @@
+"""launch apply against recording stand-ins: a head that is healthy but streams garbage fails with one clear line."""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+
+import pytest
+
+import hostfix
+import standins
+from clirun import sparkstack_cmd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(port: int, chat_body: bytes) -> http.server.HTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(chat_body)))
+            self.end_headers()
+            self.wfile.write(chat_body)
+
+    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("stream", [b'data: {"error": 1}\n\n', b"data: not json\n\n", b'data: {"choices": []}\n\n',
+                                    b'data: {"choices": [{"delta": "x"}]}\n\n', b"data: " + b"[" * 100000 + b"\n\n"])
+def test_a_healthy_head_streaming_garbage_fails_with_one_line(tmp_path, stream):
+    port = free_port()
+    server = serve(port, stream)
+    standins.install(tmp_path / "bin")
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", RECORD_LOG=str(tmp_path / "calls.jsonl"),
+               HF_HOME=str(hostfix.write_hub(tmp_path / "hf")), API_PORT=str(port),
+               SPARKSTACK_STATE_DIR=str(tmp_path / "state"))
+    try:
+        proc = subprocess.run(sparkstack_cmd() + ["launch", "0", "--host-root", str(hostfix.write_host(tmp_path / "root")),
+                                                  "--health-interval", "0", "--health-attempts", "3"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sparkstack: error: ") and "no first token" in last and len(last) < 400
+    started = [json.loads(l) for l in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert any(c[0] == "docker" and "run" in c for c in started)  # the failure came after the start, from the stream
