@@ -244,3 +244,59 @@ def test_pin_overlay_keeps_comments_and_dry_run_writes_nothing(run_cli, tmp_path
     block = after[after.index('script = "patch_glm_aux_capture.py"'):]
     assert block.split("sha256 = ", 1)[1].startswith(f'"{sha}"')
     assert "up to date" in run_cli("pin", "overlay", "--overlay", overlay, "--overlay-src", src, check=0).stdout
+
+
+# ---------------------------------------------------------------- found by the attack review
+
+
+def test_a_corrupted_output_is_not_up_to_date_and_the_rerun_restores_it(run_cli, model, tmp_path):
+    import hashlib
+
+    out = tmp_path / "stripped"
+    run_cli("strip", model, "--out", out, check=0)
+    rewritten = [p for p in (out / "snapshots" / synth.REVISION).glob("*.safetensors")
+                 if p.resolve().stat().st_nlink == 1]  # written by strip, not a hardlink of the source
+    assert rewritten, "the fixture should have a rewritten shard"
+    blob = rewritten[0].resolve()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))  # same size, same name
+    proc = run_cli("strip", model, "--out", out, check=0)
+    assert "up to date" not in proc.stdout
+    assert hashlib.sha256(rewritten[0].resolve().read_bytes()).hexdigest() == blob.name
+
+
+def test_stripping_an_older_snapshot_leaves_refs_main_alone(run_cli, model, tmp_path):
+    import shutil
+
+    newer = "f" * 40
+    shutil.copytree(model / "snapshots" / synth.REVISION, model / "snapshots" / newer, symlinks=True)
+    (model / "refs" / "main").write_text(newer)
+    out = tmp_path / "stripped"
+    run_cli("strip", model, "--out", out, check=0)
+    run_cli("strip", model / "snapshots" / synth.REVISION, "--out", out, check=0)
+    assert (out / "refs" / "main").read_text() == newer
+    assert (out / "snapshots" / synth.REVISION / "config.json").is_file()
+    assert "up to date" in run_cli("strip", model, "--out", out, check=0).stdout
+
+
+@pytest.mark.parametrize("layout", ["flat", "cache"])
+def test_a_link_out_of_the_model_is_refused(run_cli, model, tmp_path, layout):
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET\n")
+    src = tmp_path / "flat" if layout == "flat" else model / "snapshots" / synth.REVISION
+    link = src / "tokenizer.json"
+    link.unlink(missing_ok=True)
+    link.symlink_to(secret)
+    line = one_error_line(run_cli("strip", src if layout == "flat" else model, "--out", tmp_path / "out"))
+    assert "links outside the model" in line
+    assert not (tmp_path / "out").exists() and secret.stat().st_nlink == 1
+
+
+def test_a_fifo_at_refs_main_is_refused_not_waited_on(run_cli, model, tmp_path):
+    ref = model / "refs" / "main"
+    ref.unlink()
+    os.mkfifo(ref)
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "strip", str(model), "--dry-run"],
+                          capture_output=True, text=True, timeout=60)
+    assert "not a regular file" in one_error_line(proc)

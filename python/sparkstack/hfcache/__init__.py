@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class ModelSource:
     model_dir: Path  # snapshots/<rev> for a cache entry; the dir itself when flat
     revision: str | None
     files: tuple[SourceFile, ...]
+    at_main: bool = False  # the revision is the one the entry's refs/main names
 
     def file(self, relpath: str) -> SourceFile | None:
         for f in self.files:
@@ -83,11 +85,15 @@ def resolve_source(path: str | os.PathLike) -> ModelSource:
         snapshot = p / "snapshots" / revision
         if not (snapshot / "config.json").exists():
             raise SparkstackError(f"{p}: refs/main names {revision}, but snapshots/{revision}/config.json is missing")
-        return _scan("cache", p, snapshot, revision)
+        return _scan("cache", p, snapshot, revision, at_main=True)
     if p.parent.name == "snapshots" and _is_cache_entry(p.parent.parent):
         if not (p / "config.json").exists():
             raise SparkstackError(f"{p}: snapshot has no config.json")
-        return _scan("cache", p.parent.parent, p, p.name)
+        try:
+            at_main = read_ref(p.parent.parent) == p.name
+        except SparkstackError:
+            at_main = False
+        return _scan("cache", p.parent.parent, p, p.name, at_main)
     if (p / "config.json").is_file():
         return _scan("flat", p, p, None)
     raise SparkstackError(
@@ -95,14 +101,19 @@ def resolve_source(path: str | os.PathLike) -> ModelSource:
     )
 
 
-def _scan(kind: str, root: Path, model_dir: Path, revision: str | None) -> ModelSource:
+def _scan(kind: str, root: Path, model_dir: Path, revision: str | None, at_main: bool = False) -> ModelSource:
     blobs = (root / "blobs").resolve() if kind == "cache" else None
+    # Links may point into the entry's blobs/ or stay inside the model dir; a link anywhere else would pull an
+    # outside file (a secret, /proc/self/environ) into the output and whatever is shipped from it.
+    inside = [p for p in (blobs, model_dir.resolve()) if p is not None]
     files = []
     for dirpath, dirnames, filenames in os.walk(model_dir):
         dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
         for name in sorted(filenames):
             link = Path(dirpath, name)
             real = link.resolve()
+            if not any(real.is_relative_to(d) for d in inside):
+                raise SparkstackError(f"{link}: links outside the model ({real}); refusing to read it")
             if not real.is_file():
                 raise SparkstackError(f"{link}: dangling link or not a regular file")
             st = real.stat()
@@ -110,7 +121,7 @@ def _scan(kind: str, root: Path, model_dir: Path, revision: str | None) -> Model
             rel = link.relative_to(model_dir).as_posix()
             files.append(SourceFile(rel, real, blob, st.st_size, st.st_mtime_ns, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)))
     files.sort(key=lambda f: f.relpath)
-    return ModelSource(kind, root, model_dir, revision, tuple(files))
+    return ModelSource(kind, root, model_dir, revision, tuple(files), at_main)
 
 
 def no_mtp_destination(source: ModelSource) -> Path:
@@ -121,6 +132,16 @@ def no_mtp_destination(source: ModelSource) -> Path:
 def git_blob_name(data: bytes) -> str:
     """The name the hub gives a small (non-LFS) file's blob: its git blob sha1."""
     return git_hash(data)
+
+
+def blob_is_intact(path: Path, name: str) -> bool:
+    """Does the blob at `path` hold what its name says? LFS blobs are named by sha256, small ones by git blob sha1."""
+    try:
+        if len(name) == 64:
+            return fsio.sha256_file(path) == name
+        return len(name) == 40 and git_blob_name(path.read_bytes()) == name
+    except OSError:
+        return False
 
 
 def snapshot_link_target(relpath: str, blob: str) -> str:
@@ -147,6 +168,8 @@ def read_ref(entry: Path, ref: str = "main") -> str | None:
     """The commit a ref names, or None when the ref file is absent. Anything but a 40-hex commit is refused."""
     path = entry / "refs" / ref
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a fifo here would block the read forever
+            raise SparkstackError(f"{path}: is not a regular file")
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
@@ -223,9 +246,12 @@ def _fsync_tree(root: Path) -> None:
         fsio.fsync_dir(dirpath)
 
 
-def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[str, bytes]) -> None:
-    """Publish a staged entry (`stage/blobs/`, `stage/snapshots/<revision>/`) at `entry`, refs/main -> revision.
+def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[str, bytes],
+                     set_main: bool = True) -> None:
+    """Publish a staged entry (`stage/blobs/`, `stage/snapshots/<revision>/`) at `entry`.
 
+    refs/main moves to `revision` when `set_main` (or when the entry has none yet). Staged blobs
+    replace same-named ones: they were verified on the way in, what sits there may not be.
     `bookkeeping` files go under `entry/.sparkstack/`, written last: they record what
     was published, so they must never describe a snapshot that is not in place yet.
     """
@@ -246,13 +272,13 @@ def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[
     blobs = entry / "blobs"
     blobs.mkdir(exist_ok=True)
     for blob in sorted((stage / "blobs").iterdir()):
-        if not (blobs / blob.name).exists():
-            os.rename(blob, blobs / blob.name)
+        os.replace(blob, blobs / blob.name)
     fsio.fsync_dir(blobs)
     (entry / "snapshots").mkdir(exist_ok=True)
     fsio.replace_dir(stage / "snapshots" / revision, entry / "snapshots" / revision)
     (entry / "refs").mkdir(exist_ok=True)
-    fsio.write_atomic(entry / "refs" / "main", revision.encode())
+    if set_main or not (entry / "refs" / "main").exists():
+        fsio.write_atomic(entry / "refs" / "main", revision.encode())
     (entry / ".sparkstack").mkdir(exist_ok=True)
     for name, data in bookkeeping.items():
         fsio.write_atomic(entry / ".sparkstack" / name, data)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import blobs_dir, git_blob_name, publish_snapshot, snapshot_dir, snapshot_link_target
+from sparkstack.hfcache import blob_is_intact, blobs_dir, git_blob_name, publish_snapshot, snapshot_dir, snapshot_link_target
 from sparkstack.safetensors_header import read_header
-from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan, is_up_to_date
+from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan, file_identity, is_up_to_date
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class OutputFile:
     how: str  # "link", "copy", "rewrite" or "new"
     size: int
     blob: str | None  # blob name in the output cache entry (None for a flat output)
+    identity: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the real file: see file_identity
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def apply_plan(plan: StripPlan, on_progress: Callable[[int], None] | None = None
         return StripResult(plan.dest.root, plan.dest.revision, True, (), None)
     with dest_lock(plan.dest.root, on_wait):
         # Another strip may have published this very output while we planned or waited.
-        if is_up_to_date(plan.dest, plan.fingerprint):
+        if is_up_to_date(plan.dest, plan.fingerprint, plan.source.at_main):
             return StripResult(plan.dest.root, plan.dest.revision, True, (), None)
         return _apply_locked(plan, on_progress)
 
@@ -127,12 +128,13 @@ def _apply_locked(plan: StripPlan, on_progress: Callable[[int], None] | None) ->
         stamp = {
             "created_by": COMMAND, "format": FORMAT_VERSION, "fingerprint": plan.fingerprint,
             "source": str(plan.source.root), "revision": plan.source.revision,
-            "outputs": {f.relpath: f.size for f in out.files},
+            "outputs": {f.relpath: list(f.identity) for f in out.files},
         }
         bookkeeping = {dest.stamp.name: (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode(),
                        outputs.MARKER.name: outputs.OutputMarker(COMMAND).to_bytes()}
         if dest.kind == "cache":
-            publish_snapshot(stage, dest.root, dest.revision, bookkeeping)
+            # Stripping an older snapshot must not move the output's refs/main back under launch's feet.
+            publish_snapshot(stage, dest.root, dest.revision, bookkeeping, set_main=plan.source.at_main)
         else:
             _publish_flat(stage, dest.root, bookkeeping)
     return StripResult(dest.root, dest.revision, False, tuple(out.files), copier.method)
@@ -160,10 +162,25 @@ class _Staged:
         target.parent.mkdir(parents=True, exist_ok=True)
         if self.cache:
             os.symlink(snapshot_link_target(relpath, blob), target)
-        self.files.append(OutputFile(relpath, how, size, blob))
+            real = self.blobs / blob if (self.blobs / blob).exists() else self.final_blobs / blob
+        else:
+            real = target
+        self.files.append(OutputFile(relpath, how, size, blob, file_identity(real)))
 
-    def _have_blob(self, blob: str) -> bool:
-        return (self.blobs / blob).exists() or (self.final_blobs / blob).exists()
+    def _have_blob(self, blob: str, same_as: Path | None = None) -> bool:
+        """Already staged, or already published and intact: the very file `same_as` (a hardlink of the source),
+        or a blob whose bytes still match its name. Anything else is staged afresh and replaces it."""
+        if (self.blobs / blob).exists():
+            return True
+        final = self.final_blobs / blob
+        if not final.exists():
+            return False
+        try:
+            if same_as is not None and os.path.samefile(final, same_as):
+                return True
+        except OSError:
+            return False
+        return blob_is_intact(final, blob)
 
     def add_existing(self, relpath: str, src: Path, blob: str | None) -> None:
         """A file whose bytes do not change: hardlink it (or copy it across filesystems)."""
@@ -177,7 +194,7 @@ class _Staged:
             data = src.read_bytes() if not relpath.endswith(".safetensors") else None
             blob = git_blob_name(data) if data is not None else fsio.sha256_file(src)
         how = "link"
-        if not self._have_blob(blob):
+        if not self._have_blob(blob, same_as=src):
             how = fsio.link_or_copy(src, self.blobs / blob)
         self._place(relpath, how, size, blob)
 

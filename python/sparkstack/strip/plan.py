@@ -19,7 +19,7 @@ from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_laye
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 # Bump when the output for the same input would change, so old outputs stop counting as up to date.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 COMMAND = "sparkstack strip"
 SAMPLE_KEYS = 8
 
@@ -229,7 +229,7 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
         source=source, dest=dest, index_only=index_only,
         num_layers=layers.value, num_layers_source=layers.source,
         shards=shard_plans, new_files=tuple(new_files), carried=carried,
-        fingerprint=fingerprint, up_to_date=is_up_to_date(dest, fingerprint),
+        fingerprint=fingerprint, up_to_date=is_up_to_date(dest, fingerprint, source.at_main),
         warnings=tuple(warnings),
     )
 
@@ -268,25 +268,34 @@ def _fingerprint(source: ModelSource, index_only: bool) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def is_up_to_date(dest: Destination, fingerprint: str) -> bool:
-    """The output at `dest` was made from exactly these inputs, and every file it recorded is still there, at its size."""
+def file_identity(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime) of the file `path` resolves to: an in-place edit changes it, a rename does not."""
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def is_up_to_date(dest: Destination, fingerprint: str, at_main: bool = True) -> bool:
+    """The output at `dest` was made from exactly these inputs, every file it recorded is still the very file it
+    wrote (same identity, so not rewritten in place since), and refs/main names it when it should."""
     try:
         stamp = json.loads(dest.stamp.read_text())
     except (OSError, ValueError, RecursionError):
         return False
     if not isinstance(stamp, dict) or stamp.get("fingerprint") != fingerprint:
         return False
-    if dest.kind == "cache":
+    if dest.kind == "cache" and at_main:
         try:
             if read_ref(dest.root) != dest.revision:
                 return False
         except SparkstackError:
             return False
-    sizes = stamp.get("outputs")
-    if not isinstance(sizes, dict):
+    recorded = stamp.get("outputs")
+    if not isinstance(recorded, dict):
         return False
-    for relpath, size in sizes.items():
-        p = dest.model_dir / relpath
-        if not p.is_file() or p.stat().st_size != size:
+    for relpath, identity in recorded.items():
+        try:
+            if list(file_identity(dest.model_dir / relpath)) != identity:
+                return False
+        except (OSError, TypeError, ValueError):
             return False
     return True
