@@ -63,3 +63,33 @@ def test_a_bad_source_date_epoch_is_one_line(run_cli, tmp_path, epoch):
                    tmp_path / "out", env={"SOURCE_DATE_EPOCH": epoch, "SPARKSTACK_CACHE_DIR": str(tmp_path / "c")})
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1 and "SOURCE_DATE_EPOCH" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["image", "load", "{img}", "--host", "-oProxyCommand=touch /tmp/pwn", "--dry-run"],
+    ["image", "load", "{img}", "--host", "worker\n", "--dry-run"],
+    ["image", "load", "{img}", "--docker-host", "-H=tcp://evil", "--dry-run"],
+])
+def test_option_lookalikes_never_reach_ssh_or_docker(run_cli, tmp_path, args):
+    import imagefix as fx
+    import standins
+
+    fx.write_base(tmp_path / "img")
+    standins.install(tmp_path / "bin")
+    log = tmp_path / "calls.jsonl"
+    proc = run_cli(*[str(tmp_path / "img") if a == "{img}" else a for a in args],
+                   env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(log)})
+    assert proc.returncode in (1, 2) and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert standins.recorded(log) == []  # refused before any program ran
+
+
+def test_a_mirror_url_with_credentials_never_reaches_the_error_line(run_cli):
+    proc = run_cli("pin", "base", "ghcr.io/a/b:t", "--dry-run",
+                   env={"SPARKSTACK_REGISTRY_MIRROR": "http://alice:s3cret@127.0.0.1:9", "SPARKSTACK_REGISTRY_TIMEOUT": "2"})
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1
+    assert "s3cret" not in proc.stderr and "alice" not in proc.stderr
+
+
+def test_a_reference_with_a_trailing_newline_is_one_line(run_cli):
+    proc = run_cli("pin", "base", "ghcr.io/a/b:t\n", "--dry-run", env={"SPARKSTACK_REGISTRY_MIRROR": "http://127.0.0.1:9"})
+    assert proc.returncode in (1, 2) and len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -93,22 +93,31 @@ class LoadPlan:
                 "bytes_to_send": self.bytes_to_send, "load_argv": list(self.load_argv)}
 
 
+def _checked_name(name: str, src: BlobSource) -> str:
+    """A name taken from someone's layout becomes an engine argument: it must read as an image reference."""
+    if name.startswith("-") or len(name) > 255 or any(c.isspace() or not c.isprintable() for c in name):
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise SparkstackError(f"{src.label}: the image is named {shown!r}, which is not an image reference")
+    return name
+
+
 def image_name(src: BlobSource, image: Image) -> str | None:
     """index.json's io.containerd.image.name for this image (a docker archive: its first RepoTag)."""
+    raw = None
     try:
         if isinstance(src, DockerArchive):
             tags = src.read_json("manifest.json")[0].get("RepoTags") or []
-            return tags[0] if tags and isinstance(tags[0], str) else None
-        if isinstance(src, (LayoutDir, TarArchive)):
+            raw = tags[0] if tags and isinstance(tags[0], str) else None
+        elif isinstance(src, (LayoutDir, TarArchive)):
             entries = src.read_json("index.json").get("manifests") or []
             chosen = [e for e in entries if isinstance(e, dict) and e.get("digest") == image.manifest_digest]
             if not chosen and len(entries) == 1:  # a nested index: the name sits on its entry
                 chosen = entries
             name = ((chosen[0].get("annotations") or {}).get(CONTAINERD_NAME)) if chosen else None
-            return name if isinstance(name, str) and name else None
+            raw = name if isinstance(name, str) and name else None
     except (AttributeError, IndexError, TypeError, SparkstackError):
         return None
-    return None
+    return None if raw is None else _checked_name(raw, src)
 
 
 def check_engine_options(engine: str, docker_host: str | None) -> None:

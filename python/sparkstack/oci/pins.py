@@ -107,7 +107,7 @@ def parse_pins(doc: object) -> Pins:
     platforms = []
     for name, p in doc["platforms"].items():
         where = f"platforms[{name!r}]"
-        if not _PLATFORM.match(name):
+        if not _PLATFORM.fullmatch(name):
             raise ValueError(f"{where}: not an os/arch[/variant] name")
         if not isinstance(p, dict) or set(p) != {"manifest", "config", "layers"} or not isinstance(p["layers"], list):
             raise ValueError(f"{where} must hold manifest, config and a list of layers")
@@ -143,7 +143,7 @@ def default_pins_path(given: Path | None) -> Path:
 
 
 def check_platform(name: str) -> str:
-    if not _PLATFORM.match(name):
+    if not _PLATFORM.fullmatch(name):
         raise UsageError(f"--platform {name!r}: expected os/arch[/variant], e.g. linux/arm64")
     return name
 

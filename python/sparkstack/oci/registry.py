@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import requests
 import urllib3
@@ -75,11 +75,11 @@ def parse_reference(text: str) -> Reference:
     head, colon, maybe_tag = path.rpartition(":")
     if colon and "/" not in maybe_tag:
         path, tag = head, maybe_tag
-        if not _TAG.match(tag):
+        if not _TAG.fullmatch(tag):
             raise UsageError(f"{text!r}: {tag!r} is not a valid tag")
     if registry == "docker.io" and "/" not in path:
         path = f"library/{path}"
-    if not path or not _NAME.match(path):
+    if not path or not _NAME.fullmatch(path):
         raise UsageError(f"{text!r}: {path!r} is not a valid repository name")
     if tag is None and not digest:
         tag = "latest"
@@ -158,6 +158,13 @@ class Manifest:
         return len(self.body)
 
 
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
 class Registry:
     """One repository on one registry, spoken to over HTTP(S)."""
 
@@ -165,7 +172,8 @@ class Registry:
         self.registry, self.repository = registry, repository
         self.base = base_url or registry_url(registry)
         self.timeout = _timeout()
-        self.label = f"registry {registry}" + (f" (via {self.base})" if base_url or os.environ.get(MIRROR_ENV) else "")
+        via = f" (via {_without_userinfo(self.base)})" if base_url or os.environ.get(MIRROR_ENV) else ""
+        self.label = f"registry {registry}{via}"  # a mirror URL's user:password never reaches an error line
         self._token: str | None = None
         self._session = requests.Session()
         # Never let requests add credentials of its own (a ~/.netrc entry) to any hop; proxies
@@ -188,9 +196,9 @@ class Registry:
             try:
                 resp = self._session.get(url, headers=send, stream=True, allow_redirects=False, timeout=self.timeout)
             except requests.exceptions.InvalidURL as exc:
-                raise SparkstackError(f"{self.label}: {what}: bad URL {url!r} ({exc})") from None
+                raise SparkstackError(f"{self.label}: {what}: bad URL {_without_userinfo(url)!r}") from None
             except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-                where, why = "{}://{}".format(*urlsplit(url)[:2]), _why(exc)
+                where, why = _without_userinfo("{}://{}".format(*urlsplit(url)[:2])), _why(exc)
                 if why == "timed out":
                     raise SparkstackError(f"{self.label}: {what}: {where} did not answer within {self.timeout:g} s "
                                           "(timed out)") from None
@@ -206,7 +214,7 @@ class Registry:
             if urlsplit(url).scheme not in ("http", "https"):
                 raise SparkstackError(f"{self.label}: {what}: redirect to a non-HTTP URL {url!r}")
             if url in seen:
-                raise SparkstackError(f"{self.label}: {what}: redirect loop ({len(seen)} hops back to {url})")
+                raise SparkstackError(f"{self.label}: {what}: redirect loop ({len(seen)} hops back to {_without_userinfo(url)})")
         raise SparkstackError(f"{self.label}: {what}: more than {MAX_HOPS} redirects")
 
     def _request(self, path: str, headers: dict[str, str], what: str) -> requests.Response:

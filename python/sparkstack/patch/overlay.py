@@ -199,8 +199,9 @@ def load_overlay(directory: Path) -> Overlay:
     image = _table(f"{w} [image]", doc["image"])
     _keys(f"{w} [image]", image, {"name"}, {"vllm_root"})
     image_name = _text(f"{w} [image] name", image["name"])
-    if " " in image_name:
-        raise SparkstackError(f"{w} [image] name: {image_name!r} is not an image name (it contains a space)")
+    if image_name.startswith("-") or any(c.isspace() for c in image_name):
+        raise SparkstackError(f"{w} [image] name: {image_name!r} is not an image name "
+                              "(it starts with '-' or contains whitespace)")
     vllm_root = _relpath(f"{w} [image] vllm_root", image.get("vllm_root", DEFAULT_VLLM_ROOT), image_root=True)
     source = _table(f"{w} [source]", doc["source"])
     _keys(f"{w} [source]", source, {"repo", "rev", "subdir"})

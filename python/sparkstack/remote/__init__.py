@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack.errors import SparkstackError
+
 
 @dataclass(frozen=True)
 class Runner:
@@ -22,6 +24,15 @@ class Runner:
     ssh_config: Path | None = None
     docker_host: str | None = None
     connect_timeout_s: int = 10
+
+    def __post_init__(self) -> None:
+        # An ssh target or docker host that looks like an option would be read as one (`-oProxyCommand=...`).
+        # A socket path may hold a space; an ssh target may not.
+        for what, value, spaces in (("ssh target", self.ssh, False), ("docker host", self.docker_host, True)):
+            if value is not None and (not value or value.startswith("-") or any(
+                    not c.isprintable() or (c.isspace() and not (spaces and c == " ")) for c in value)):
+                raise SparkstackError(f"{what} {value!r}: must be non-empty, not start with '-', and hold no "
+                                      f"{'control characters' if spaces else 'whitespace or control characters'}")
 
     @property
     def label(self) -> str:
@@ -33,7 +44,7 @@ class Runner:
         ssh = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", f"ConnectTimeout={self.connect_timeout_s}"]
         if self.ssh_config is not None:
-            ssh += ["-F", str(self.ssh_config)]
+            ssh += ["-F", str(Path(self.ssh_config).absolute())]  # absolute: never read as an option
         return ssh + [self.ssh, "--", shlex.join(argv)]
 
     def docker(self, *args: str) -> list[str]:
