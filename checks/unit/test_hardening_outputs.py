@@ -300,3 +300,26 @@ def test_a_fifo_at_refs_main_is_refused_not_waited_on(run_cli, model, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "strip", str(model), "--dry-run"],
                           capture_output=True, text=True, timeout=60)
     assert "not a regular file" in one_error_line(proc)
+
+
+def test_a_killed_tar_build_leaves_nothing_that_the_next_run_keeps(world, tmp_path):
+    """kill -9 while the archive is being written: the partial lives in a pid-named staging dir beside --out,
+    and the next run removes it (the real base would leave 20 GB per kill otherwise)."""
+    import signal
+    import time
+
+    big = tmp_path / "big"
+    fx.write_base(big, layers=fx.default_layers(filler_bytes=96 << 20))
+    out = tmp_path / "k.tar"
+    argv = [sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(big), "--overlay",
+            str(world["overlay"]), "--overlay-src", str(world["src"]), "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob(".sparkstack-k.tar-*/image.tar")):
+        time.sleep(0.01)
+    assert list(tmp_path.glob(".sparkstack-k.tar-*/image.tar")), "the build never started writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()  # nothing half-written at --out
+    subprocess.run(argv, check=True, capture_output=True)
+    assert out.is_file() and list(tmp_path.glob(".sparkstack-*")) == []

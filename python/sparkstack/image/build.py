@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.layers import LayerCache
 from sparkstack.oci.rootfs import RootFS, open_rootfs
@@ -83,8 +84,8 @@ def build_image(plan: BuildPlan, cache: LayerCache | None = None,
         if image.manifest_digest != plan.base_manifest_digest:
             raise SparkstackError(f"{plan.base}: the base changed since it was planned; run again")
         base_files = rootfs.read_files(paths)
-        with tempfile.TemporaryDirectory(prefix="sparkstack-build-") as tmp:
-            work = Path(tmp)
+        # Scratch in $TMPDIR, named by our pid: what a killed run leaves is removed by the next one.
+        with fsio.staging_dir(Path(tempfile.gettempdir()), "build") as work:
             patched = apply_overlay(base_files, o, plan.steps, plan.source_dir, work / "patch", plan.allow_unpinned)
             # Write each file where the container would find it: through the base's symlinks.
             items = [LayerItem(rootfs.resolve(p), "file", data=d) for p, d in patched.files.items()]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,20 +421,18 @@ def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = Non
         return False
     accept = (plan.media_type,) if plan.media_type in MANIFEST_TYPES else MANIFEST_TYPES
     reg = Registry(plan.registry, plan.repository)
-    fd, tmp = tempfile.mkstemp(dir=plan.out.parent, prefix=f".{plan.out.name}.", suffix=".partial")
     try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in reg.stream((plan.kind, plan.digest), plan.size, accept=accept, on_progress=on_progress):
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a fetched blob reads like any other file
-        if plan.out.exists() or plan.out.is_symlink():
-            raise SparkstackError(f"{plan.out}: appeared while fetching; refusing to replace it")
-        os.replace(tmp, plan.out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        # Staged in a dir beside --out named by our pid: a killed fetch's partial blob is removed by the next run.
+        with fsio.staging_dir(plan.out.parent, plan.out.name) as stage:
+            tmp = stage / "blob"
+            with open(tmp, "wb") as f:
+                for chunk in reg.stream((plan.kind, plan.digest), plan.size, accept=accept, on_progress=on_progress):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            if plan.out.exists() or plan.out.is_symlink():
+                raise SparkstackError(f"{plan.out}: appeared while fetching; refusing to replace it")
+            os.replace(tmp, plan.out)
     finally:
         reg.close()
     fsio.fsync_dir(plan.out.parent)

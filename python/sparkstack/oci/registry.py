@@ -195,7 +195,7 @@ class Registry:
                 send["Authorization"] = f"Bearer {self._token}"
             try:
                 resp = self._session.get(url, headers=send, stream=True, allow_redirects=False, timeout=self.timeout)
-            except requests.exceptions.InvalidURL as exc:
+            except requests.exceptions.InvalidURL:
                 raise SparkstackError(f"{self.label}: {what}: bad URL {_without_userinfo(url)!r}") from None
             except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
                 where, why = _without_userinfo("{}://{}".format(*urlsplit(url)[:2])), _why(exc)

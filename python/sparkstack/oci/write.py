@@ -256,11 +256,11 @@ def _copy_blob(src: BlobSource, layer: Layer, dest: Path) -> None:
 
 def _write_tar(out: Path, small: dict[str, bytes], base_layers, base_src: BlobSource, built: BuiltLayer, epoch: int) -> None:
     out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
     blobs = {f"blobs/sha256/{digest_hex(l.digest)}": l for l in base_layers}
     blobs[f"blobs/sha256/{digest_hex(built.layer.digest)}"] = built.layer
-    try:
+    # Staged in a dir beside --out named by our pid: a run killed mid-write leaves it for the next run to remove.
+    with fsio.staging_dir(out.parent, out.name) as stage:
+        tmp = stage / "image.tar"
         with open(tmp, "wb") as f:
             with tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tar:
                 for d in ("blobs", "blobs/sha256"):
@@ -280,6 +280,3 @@ def _write_tar(out: Path, small: dict[str, bytes], base_layers, base_src: BlobSo
             os.fsync(f.fileno())
         os.replace(tmp, out)
         fsio.fsync_dir(out.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.layers import LayerCache
 from sparkstack.oci.rootfs import open_rootfs
@@ -180,8 +181,7 @@ def _static_report(base_files, overlay: Overlay, step: Step, edits: dict[str | N
 
 
 def _dry_run_report(base_files, overlay: Overlay, step: Step, script: bytes) -> StepReport:
-    with tempfile.TemporaryDirectory(prefix="sparkstack-drift-") as tmp:
-        work = Path(tmp)
+    with fsio.staging_dir(Path(tempfile.gettempdir()), "drift") as work:
         scratch = work / "root"
         scratch.mkdir()
         lay_out(scratch, base_files)
