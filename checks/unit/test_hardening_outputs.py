@@ -323,3 +323,15 @@ def test_a_killed_tar_build_leaves_nothing_that_the_next_run_keeps(world, tmp_pa
     assert not out.exists()  # nothing half-written at --out
     subprocess.run(argv, check=True, capture_output=True)
     assert out.is_file() and list(tmp_path.glob(".sparkstack-*")) == []
+
+
+def test_a_corrupt_layer_cache_object_costs_a_reread_not_the_build(run_cli, world, tmp_path):
+    first = json.loads(image_build(run_cli, world, tmp_path / "a").stdout)["result"]
+    objects = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.parent.name == "objects"]
+    assert objects
+    for obj in objects:
+        obj.write_bytes(b"garbage")
+    proc = image_build(run_cli, world, tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    second = json.loads(proc.stdout)["result"]
+    assert second["config_digest"] == first["config_digest"] and second["cache"]["layer_bytes_read"] > 0

@@ -323,19 +323,23 @@ class LayerCache:
                "entries": [[e.path, e.kind, e.mode, e.size, e.link, e.sha256] for e in index.entries.values()]}
         fsio.write_atomic(path, json.dumps(doc).encode())
 
-    def has_object(self, sha256: str) -> bool:
-        return self.object_path(sha256).is_file()
-
     def put_object(self, sha256: str, data: bytes) -> None:
         path = self.object_path(sha256)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             fsio.write_atomic(path, data)
 
-    def read_object(self, sha256: str) -> bytes:
-        data = self.object_path(sha256).read_bytes()
+    def read_object(self, sha256: str) -> bytes | None:
+        """A captured file's bytes, or None when the object is missing or corrupt (a corrupt one is removed,
+        so the caller re-reads its layer: a damaged cache costs a re-read, never a build)."""
+        path = self.object_path(sha256)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
         if hashlib.sha256(data).hexdigest() != sha256:
-            raise SparkstackError(f"layer cache object {sha256} is corrupt; remove {self.root} and rebuild")
+            path.unlink(missing_ok=True)
+            return None
         return data
 
 

@@ -93,12 +93,20 @@ class RootFS:
         located: dict[str, tuple[int, Entry] | None] = {}
         for p in paths:
             located[p] = self._locate_file(p)
-        missing_layers = {i for hit in located.values() if hit for i in [hit[0]]
-                          if not self.cache.has_object(hit[1].sha256)}
+        contents = {p: self.cache.read_object(hit[1].sha256) for p, hit in located.items() if hit}
+        missing_layers = {located[p][0] for p, data in contents.items() if data is None}
         for i in sorted(missing_layers):
             wanted = {hit[1].path for hit in located.values() if hit and hit[0] == i}
             self.layers[i] = scan_layer(self.src, self.image.layers[i], self.cache, wanted.__contains__, self.on_progress)
-        return {p: (self.cache.read_object(hit[1].sha256) if hit else None) for p, hit in located.items()}
+        out = {}
+        for p, hit in located.items():
+            data = contents.get(p) if hit else None
+            if hit and data is None:
+                data = self.cache.read_object(hit[1].sha256)
+                if data is None:
+                    raise SparkstackError(f"{self.src.label}: layer cache could not keep {p} (is {self.cache.root} writable?)")
+            out[p] = data
+        return out
 
     def _locate_file(self, path: str) -> tuple[int, Entry] | None:
         real = self.resolve(path)
