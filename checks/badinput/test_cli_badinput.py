@@ -11,6 +11,7 @@ USAGE_ERRORS = [
     (["launch", "9", "--dry-run"], {}),
     (["launch", "-1", "--dry-run"], {}),
     (["launch", "٣", "--dry-run"], {}),  # a digit to str.isdigit(), not a rank
+    (["launch", "01", "--dry-run"], {}),  # not how rank 1 is written
     (["launch", "0", "--dry-run", "--health-attempts", "0"], {}),
     (["launch", "0", "--dry-run", "--health-interval", "-1"], {}),
     (["launch", "0", "--dry-run"], {"HEALTH_ATTEMPTS": "lots"}),

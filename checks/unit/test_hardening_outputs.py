@@ -335,3 +335,17 @@ def test_a_corrupt_layer_cache_object_costs_a_reread_not_the_build(run_cli, worl
     assert proc.returncode == 0, proc.stderr
     second = json.loads(proc.stdout)["result"]
     assert second["config_digest"] == first["config_digest"] and second["cache"]["layer_bytes_read"] > 0
+
+
+def test_out_may_not_be_the_working_directory_nor_the_base(run_cli, world, model, tmp_path):
+    here = tmp_path / "empty-cwd"
+    here.mkdir()
+    for argv in (["strip", str(model), "--out", "."],
+                 ["image", "build", "--base", str(world["base"]), "--overlay", str(world["overlay"]),
+                  "--overlay-src", str(world["src"]), "--out", "."]):
+        proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", *argv], cwd=here, capture_output=True, text=True)
+        assert "working directory" in one_error_line(proc)
+        assert here.is_dir()
+    before = tree(world["base"])
+    line = one_error_line(image_build(run_cli, world, world["base"]))
+    assert "overlap the base" in line and tree(world["base"]) == before

@@ -234,7 +234,7 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
     click.echo(f"  image   {result.name}")
     click.echo(f"  config  {result.config_digest}  (image ID)")
     click.echo(f"  manifest {result.manifest_digest}")
-    click.echo(f"  layer   {result.layer_digest}  ({len(result.changed)} files)")
+    click.echo(f"  layer   {result.layer_digest}" + ("" if result.up_to_date else f"  ({len(result.changed)} files)"))
     for st in result.steps:
         click.echo(f"  step {st.name}: changed {', '.join(st.changed) or 'nothing'}")
 
@@ -515,16 +515,19 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
                 for r, on, argv in cmds:
                     click.echo(f"would run on {on} (rank {r}): {' '.join(argv)}")
             return
-        failures = launch_apply.stop(plan, runners, say)
+        events: list[str] = []
+        failures = launch_apply.stop(plan, runners, events.append if as_json else say)
+        if as_json:
+            _print_json({"stopped": events, "failures": failures})
         if failures:
             _fail("; ".join(failures))
         return
     if target == "status":  # read-only: --dry-run changes nothing
-        rows = launch_apply.status(plan, runners)
+        rows, last_run = launch_apply.status(plan, runners)
         if as_json:
-            _print_json({"ranks": rows})
+            _print_json({"ranks": rows, "last_run": last_run})
         else:
-            for row in rows:
+            for row in rows + ([{"last_run": last_run["id"], "boot": last_run.get("boot")}] if last_run else []):
                 click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
         return
     selected = report.select_ranks(plan, target)

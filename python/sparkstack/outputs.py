@@ -53,9 +53,19 @@ def marker_from_annotations(annotations: object) -> OutputMarker | None:
     return OutputMarker(annotations[WRITTEN_BY], fingerprint if isinstance(fingerprint, str) else None)
 
 
+def _refuse_cwd(path: Path) -> None:
+    """Replacing the working directory (or a dir holding it) would leave the shell in a deleted dir."""
+    if not str(path):
+        raise SparkstackError("--out is empty; name a path")
+    cwd = Path.cwd().resolve()
+    if cwd == path.resolve() or cwd.is_relative_to(path.resolve()):
+        raise SparkstackError(f"{path}: is the working directory or holds it; choose another --out")
+
+
 def claim_dir(path: Path, command: str) -> OutputMarker | None:
     """May `command` write the directory `path`? Returns the previous output's marker, or None when `path`
     is absent or an empty dir. Refuses (one line) anything sparkstack did not write, or another command wrote."""
+    _refuse_cwd(path)
     if path.is_symlink():
         raise SparkstackError(f"{path}: is a symlink; refusing to replace it (choose another --out)")
     if not path.exists():
@@ -75,6 +85,7 @@ def claim_dir(path: Path, command: str) -> OutputMarker | None:
 
 def claim_file(path: Path, command: str, read_archive_marker: Callable[[Path], OutputMarker | None]) -> OutputMarker | None:
     """May `command` write the archive `path`? Like claim_dir, for a single file whose marker the caller reads."""
+    _refuse_cwd(path)
     if path.is_symlink():
         raise SparkstackError(f"{path}: is a symlink; refusing to replace it (choose another --out)")
     if not path.exists():

@@ -99,6 +99,9 @@ def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Pat
     if overlay.unpinned and not allow_unpinned:
         raise SparkstackError(f"overlay {overlay.name} is unpinned ({', '.join(overlay.unpinned)}); "
                               "run `sparkstack pin overlay --overlay-src DIR` or pass --allow-unpinned")
+    if out.resolve() == base.resolve() or out.resolve().is_relative_to(base.resolve()) \
+            or base.resolve().is_relative_to(out.resolve()):
+        raise SparkstackError(f"{out}: --out would overlap the base {base}; choose another --out")
     previous = claim_output(out)
     src, image = open_image(base, platform)
     src.close()

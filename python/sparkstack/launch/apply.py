@@ -337,7 +337,8 @@ def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str],
     return failures
 
 
-def status(plan: LaunchPlan, runners: dict[int, Runner]) -> list[dict]:
+def status(plan: LaunchPlan, runners: dict[int, Runner]) -> tuple[list[dict], dict | None]:
+    """Each rank's state, image ID, uptime and (head) health; and the last run record."""
     out = []
     record = latest_record()
     for rank in plan.ranks:
@@ -345,10 +346,11 @@ def status(plan: LaunchPlan, runners: dict[int, Runner]) -> list[dict]:
         proc = r.run_docker("inspect", "--format", "{{.State.Status}} {{.State.StartedAt}} {{.Image}}", rank.name, timeout=30)
         row = {"rank": rank.rank, "host": rank.host, "name": rank.name, "state": "absent", "image_id": None,
                "uptime_s": None, "health": None}
-        if proc.returncode == 0:
-            state, started, image = proc.stdout.split()
+        fields = proc.stdout.split() if proc.returncode == 0 else []
+        if len(fields) == 3:
+            state, started, image = fields
             row.update(state=state, image_id=image, uptime_s=round(time.time() - _started_epoch(started)) if state == "running" else None)
-        elif proc.returncode not in (0, 1):
+        elif proc.returncode not in (0, 1) or fields:
             row["state"] = f"unknown ({failure_line(proc)})"
         if rank.rank == 0 and row["state"] == "running":
             try:
@@ -356,6 +358,4 @@ def status(plan: LaunchPlan, runners: dict[int, Runner]) -> list[dict]:
             except requests.RequestException as exc:
                 row["health"] = f"unreachable ({type(exc).__name__})"
         out.append(row)
-    if record:
-        out.append({"last_run": record["id"], "boot": record.get("boot")})
-    return out
+    return out, record

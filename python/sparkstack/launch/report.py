@@ -15,7 +15,7 @@ def select_ranks(plan: LaunchPlan, target: str) -> list[RankPlan]:
     """The ranks a launch TARGET names: one rank number, or `all`."""
     if target == "all":
         return list(plan.ranks)
-    if target.isascii() and target.isdigit() and int(target) < len(plan.ranks):
+    if target.isascii() and target.isdigit() and str(int(target)) == target and int(target) < len(plan.ranks):
         return [plan.ranks[int(target)]]
     raise UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), {', '.join(ACTIONS)}; got {target!r}")
 

@@ -278,7 +278,7 @@ def read_checked(source_dir: Path, f: SourceFile, allow_unpinned: bool) -> bytes
     actual = hashlib.sha256(data).hexdigest()
     if f.sha256 == UNPINNED:
         if not allow_unpinned:
-            raise SparkstackError(f"{f.path} is unpinned in overlay.toml; run `sparkstack pin` or pass --allow-unpinned")
+            raise SparkstackError(f"{f.path} is unpinned in overlay.toml; run `sparkstack pin overlay --overlay-src DIR` or pass --allow-unpinned")
     elif actual != f.sha256:
         raise SparkstackError(f"{path}: sha256 {actual} does not match the pinned {f.sha256}")
     return data

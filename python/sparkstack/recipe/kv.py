@@ -74,7 +74,7 @@ def page_unification(kv: KvGeometry, block_size: int) -> PageCheck:
 def plan_kv(kv: KvGeometry, kv_bytes: int | None, max_model_len: int, block_size: int) -> KvPlan:
     cost = per_token_bytes(kv)
     # Integer arithmetic, so the measured point maps back to exactly its token count.
-    tokens = kv_bytes * kv.measured_tokens // kv.measured_bytes if (cost and kv_bytes) else None
+    tokens = kv_bytes * kv.measured_tokens // kv.measured_bytes if (cost and kv_bytes is not None) else None
     coverage = round(tokens / max_model_len, 3) if tokens is not None and max_model_len else None
     return KvPlan(kv_bytes, round(cost, 2) if cost else None, tokens, max_model_len, coverage,
                   page_unification(kv, block_size))
