@@ -349,3 +349,15 @@ def test_out_may_not_be_the_working_directory_nor_the_base(run_cli, world, model
     before = tree(world["base"])
     line = one_error_line(image_build(run_cli, world, world["base"]))
     assert "overlap the base" in line and tree(world["base"]) == before
+
+
+def test_image_build_is_not_up_to_date_over_a_layer_rewritten_in_place(run_cli, world, tmp_path):
+    out = tmp_path / "image"
+    first = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    layer = out / "blobs/sha256" / first["layer_digest"].split(":")[1]
+    data = bytearray(layer.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, same name
+    layer.write_bytes(bytes(data))
+    again = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    assert again["up_to_date"] is False
+    run_cli("image", "verify", out, check=0)

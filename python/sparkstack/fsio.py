@@ -33,6 +33,14 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime) of the file `path` resolves to: an in-place edit changes it, a rename does not.
+
+    ctime is left out: hardlinking a file (as outputs here do with their inputs) changes it."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 
 MARKER = Path(".sparkstack") / "output.json"
@@ -25,10 +26,20 @@ FINGERPRINT = "org.sparkstack.fingerprint"
 class OutputMarker:
     command: str  # e.g. "sparkstack strip"
     fingerprint: str | None = None
+    files: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (relpath, fsio.file_identity) of what the output holds
 
     def to_bytes(self) -> bytes:
         doc = {"written_by": self.command, "fingerprint": self.fingerprint}
+        if self.files:
+            doc["files"] = {rel: list(identity) for rel, identity in self.files}
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    def files_unchanged(self, root: Path) -> bool:
+        """Is every recorded file still the very file that was written (no in-place edit since)?"""
+        try:
+            return all(tuple(fsio.file_identity(root / rel)) == tuple(ident) for rel, ident in self.files)
+        except OSError:
+            return False
 
     def annotations(self) -> dict[str, str]:
         return {WRITTEN_BY: self.command, **({FINGERPRINT: self.fingerprint} if self.fingerprint else {})}
@@ -43,7 +54,11 @@ def read_marker(directory: Path) -> OutputMarker | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("written_by"), str):
         return None
     fingerprint = doc.get("fingerprint")
-    return OutputMarker(doc["written_by"], fingerprint if isinstance(fingerprint, str) else None)
+    files = doc.get("files")
+    recorded: tuple = ()
+    if isinstance(files, dict) and all(isinstance(v, list) and all(type(x) is int for x in v) for v in files.values()):
+        recorded = tuple((str(k), tuple(v)) for k, v in sorted(files.items()))
+    return OutputMarker(doc["written_by"], fingerprint if isinstance(fingerprint, str) else None, recorded)
 
 
 def marker_from_annotations(annotations: object) -> OutputMarker | None:

@@ -95,7 +95,7 @@ def build_image(plan: BuildPlan, cache: LayerCache | None = None,
             docs = image_docs(image, built.layer, _labels(plan, image.config_digest),
                               f"sparkstack image build: overlay {o.name} ({o.source_label}), variant {plan.variant}",
                               o.image_name, plan.variant, plan.epoch, plan.marker.annotations())
-            write_output(plan.out, docs, src, built, plan.epoch, plan.marker.to_bytes(), plan.link_base)
+            write_output(plan.out, docs, src, built, plan.epoch, plan.marker, plan.link_base)
     finally:
         src.close()
     return BuildResult(plan.out, docs.name, docs.config_digest, docs.manifest_digest, built.layer.digest,

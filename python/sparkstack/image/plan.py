@@ -110,7 +110,7 @@ def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Pat
     inputs = _input_hashes(overlay, overlay_source_dir(overlay, overlay_src), steps, variant, wheel_dir)
     fingerprint = _fingerprint(image.manifest_digest, platform, overlay, steps, variant, inputs, epoch, link_base)
     existing = None
-    if previous is not None and previous.fingerprint == fingerprint:
+    if previous is not None and previous.fingerprint == fingerprint and previous.files_unchanged(out):
         existing = complete_output(out)
     return BuildPlan(base, platform, image.manifest_digest, image.config_digest, overlay, overlay_src, steps, variant,
                      wheel_dir, out, allow_unpinned, epoch, link_base, fingerprint, existing)

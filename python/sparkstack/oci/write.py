@@ -7,6 +7,7 @@ normalised modes, no PAX times, gzip with a fixed header.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -194,14 +195,15 @@ LINK_BASE = ("hardlink", "symlink")
 
 
 def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltLayer, epoch: int,
-                 marker: bytes, link_base: str = "hardlink") -> str:
+                 marker: outputs.OutputMarker, link_base: str = "hardlink") -> str:
     """Write the image as an OCI layout dir (base blobs linked) or, for *.tar, one archive.
 
     `link_base` says how a dir reuses a base blob that is a file: "hardlink" (copied across
     filesystems), or "symlink", absolute, to the blob's resolved path (a Nix build user may not
     hardlink store files, and a copy would duplicate the whole base). A base read from a tar
     has no blob files, so its blobs are copied either way.
-    A dir also gets `marker` as `.sparkstack/output.json` (a tar carries it in index.json's
+    A dir also gets `marker` as `.sparkstack/output.json`, with the identity of every blob it holds,
+    so a blob rewritten in place later is noticed (a tar carries the marker in index.json's
     annotations). Returns "dir" or "tar". Both are published atomically.
     """
     if link_base not in LINK_BASE:
@@ -222,8 +224,6 @@ def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltL
         blobs.mkdir(parents=True)
         for name, data in small.items():
             fsio.write_durable(stage / name, data)
-        (stage / outputs.MARKER).parent.mkdir()
-        fsio.write_durable(stage / outputs.MARKER, marker)
         fsio.link_or_copy(built.blob, blobs / digest_hex(built.layer.digest))
         for layer in base_layers:
             dest = blobs / digest_hex(layer.digest)
@@ -236,6 +236,9 @@ def write_output(out: Path, docs: ImageDocs, base_src: BlobSource, built: BuiltL
                 fsio.link_or_copy(path.resolve(), dest)
             else:
                 _copy_blob(base_src, layer, dest)
+        files = tuple((f"blobs/sha256/{p.name}", fsio.file_identity(p)) for p in sorted(blobs.iterdir()))
+        (stage / outputs.MARKER).parent.mkdir()
+        fsio.write_durable(stage / outputs.MARKER, dataclasses.replace(marker, files=files).to_bytes())
         for d in (blobs, blobs.parent, (stage / outputs.MARKER).parent, stage):
             fsio.fsync_dir(d)
         fsio.replace_dir(stage, out.absolute())

@@ -15,7 +15,7 @@ from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import blob_is_intact, blobs_dir, git_blob_name, publish_snapshot, snapshot_dir, snapshot_link_target
 from sparkstack.safetensors_header import read_header
-from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan, file_identity, is_up_to_date
+from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan, is_up_to_date
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class _Staged:
             real = self.blobs / blob if (self.blobs / blob).exists() else self.final_blobs / blob
         else:
             real = target
-        self.files.append(OutputFile(relpath, how, size, blob, file_identity(real)))
+        self.files.append(OutputFile(relpath, how, size, blob, fsio.file_identity(real)))
 
     def _have_blob(self, blob: str, same_as: Path | None = None) -> bool:
         """Already staged, or already published and intact: the very file `same_as` (a hardlink of the source),

@@ -268,12 +268,6 @@ def _fingerprint(source: ModelSource, index_only: bool) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def file_identity(path: Path) -> tuple[int, int, int, int]:
-    """(device, inode, size, mtime) of the file `path` resolves to: an in-place edit changes it, a rename does not."""
-    st = path.stat()
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
 def is_up_to_date(dest: Destination, fingerprint: str, at_main: bool = True) -> bool:
     """The output at `dest` was made from exactly these inputs, every file it recorded is still the very file it
     wrote (same identity, so not rewritten in place since), and refs/main names it when it should."""
@@ -294,7 +288,7 @@ def is_up_to_date(dest: Destination, fingerprint: str, at_main: bool = True) -> 
         return False
     for relpath, identity in recorded.items():
         try:
-            if list(file_identity(dest.model_dir / relpath)) != identity:
+            if list(fsio.file_identity(dest.model_dir / relpath)) != identity:
                 return False
         except (OSError, TypeError, ValueError):
             return False
