@@ -55,9 +55,6 @@ let
       # As nixpkgs' stdenv does: a fixed timestamp unless the derivation sets one.
       export SOURCE_DATE_EPOCH="''${SOURCE_DATE_EPOCH:-315532800}"
       export PATH="''${stubInputsPath:+$stubInputsPath:}${stdenvTools}/bin"
-      genericBuild() {
-        if [ -n "''${buildCommandPath:-}" ]; then eval "$(cat "$buildCommandPath")"; else eval "$buildCommand"; fi
-      }
     '';
     args = [ "-eu" "-c" ''/usr/bin/mkdir "$out" && printf '%s' "$setup" > "$out/setup"'' ];
   };
@@ -67,7 +64,9 @@ let
       drv = derivation ((removeAttrs attrs [ "inputs" "passthru" "meta" ]) // {
         inherit name system stdenv;
         builder = "/bin/bash";
-        args = [ "-c" "source \"$stdenv/setup\"; genericBuild" ];
+        # The build command runs at top level, not in a function: bash 5.2 prints "pop_var_context"
+        # noise when errexit fires inside one.
+        args = [ "-c" ''source "$stdenv/setup"; if [ -n "''${buildCommandPath:-}" ]; then source "$buildCommandPath"; else eval "$buildCommand"; fi'' ];
         stubInputsPath = binPath inputs;
       });
     in
