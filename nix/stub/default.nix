@@ -56,7 +56,7 @@ let
       export SOURCE_DATE_EPOCH="''${SOURCE_DATE_EPOCH:-315532800}"
       export PATH="''${stubInputsPath:+$stubInputsPath:}${stdenvTools}/bin"
     '';
-    args = [ "-eu" "-c" ''/usr/bin/mkdir "$out" && printf '%s' "$setup" > "$out/setup"'' ];
+    args = [ "-eu" "-c" ''trap '(sleep 0.1) &' EXIT; mkdir "$out"; printf '%s' "$setup" > "$out/setup"'' ];
   };
 
   mkDerivation = { name, buildCommand, inputs ? [ ], passthru ? { }, meta ? { }, ... }@attrs:
