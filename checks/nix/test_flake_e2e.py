@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tomllib
@@ -208,7 +209,9 @@ def test_flake_end_to_end(world):
     toml = tomllib.loads((w["clone"] / "overlays/dflash2/overlay.toml").read_text())
     for wheel in toml["variants"]["instanttensor"]["wheels"]:
         dist, version = wheel["file"].split("-")[:2]
-        made = fx.make_wheel(wheels, dist, version, {f"{dist}/__init__.py": f"VERSION = {version!r}\n"})
+        # A nonce: `nix-store --add-fixed` outlives the test, and this run must start without them in the store.
+        made = fx.make_wheel(wheels, dist, version, {f"{dist}/__init__.py": f"VERSION = {version!r}\n"
+                                                     f"NONCE = {secrets.token_hex(8)!r}\n"})
         (wheels / made).rename(wheels / wheel["file"])
     cli(w, "pin", "overlay", "--overlay-src", w["src"], "--wheels", wheels)
     run(["git", "add", "overlays/dflash2/overlay.toml"], cwd=w["clone"])
