@@ -443,10 +443,13 @@ def pin_base(reference, platforms, pins_file, check, dry_run, as_json) -> None:
 @click.argument("digest")
 @_pins_opt
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Where the verified object goes.")
+@click.option("--no-digest-check", is_flag=True,
+              help="Leave the sha256 comparison to the caller (sizes are still checked): for the flake's "
+                   "fixed-output derivations, where Nix checks the hash and names a wrong blob itself.")
 @click.option("--dry-run", is_flag=True, help="Say what would be fetched from where; fetch nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def pin_fetch(digest, pins_file, out, dry_run, as_json) -> None:
+def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None:
     """Download one blob or manifest the pins file names, verify it, and write it atomically to --out."""
     from sparkstack.oci.pins import apply_fetch, default_pins_path, plan_fetch
 
@@ -460,7 +463,7 @@ def pin_fetch(digest, pins_file, out, dry_run, as_json) -> None:
                        f"from {plan.registry}/{plan.repository} to {plan.out}")
         return
     with _progress(f"fetching {plan.what}", plan.size, enabled=not plan.up_to_date) as advance:
-        fetched = apply_fetch(plan, on_progress=advance)
+        fetched = apply_fetch(plan, on_progress=advance, check_digest=not no_digest_check)
     if as_json:
         _print_json({**plan.to_json(), "fetched": fetched})
     else:

@@ -411,12 +411,14 @@ def plan_fetch(digest: str, pins_path: Path, out: Path) -> FetchPlan:
                      desc.size, what, out, _existing_matches(out, digest, desc.size))
 
 
-def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = None) -> bool:
+def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = None, check_digest: bool = True) -> bool:
     """Download, verify and publish atomically. Returns False when --out already held the object.
 
     The bytes go to a temp file beside --out, are checked (size and sha256, and for a manifest
     Docker-Content-Digest) as they stream, fsynced, and only then renamed to --out: on any
-    failure nothing is left at --out."""
+    failure nothing is left at --out. `check_digest=False` (`--no-digest-check`) skips the sha256
+    comparisons, for a Nix fixed-output derivation: Nix checks the output's hash itself and names
+    a wrong blob with its own hash-mismatch line."""
     if plan.up_to_date:
         return False
     accept = (plan.media_type,) if plan.media_type in MANIFEST_TYPES else MANIFEST_TYPES
@@ -426,7 +428,8 @@ def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = Non
         with fsio.staging_dir(plan.out.parent, plan.out.name) as stage:
             tmp = stage / "blob"
             with open(tmp, "wb") as f:
-                for chunk in reg.stream((plan.kind, plan.digest), plan.size, accept=accept, on_progress=on_progress):
+                for chunk in reg.stream((plan.kind, plan.digest), plan.size, accept=accept, on_progress=on_progress,
+                                        check_digest=check_digest):
                     f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())

@@ -1,0 +1,126 @@
+"""The flake's files agree with the rest of the checkout; no Nix build needed (nix-instantiate only parses).
+
+- nix/package.nix names exactly pyproject.toml's dependencies, test extra and version;
+- flake.nix's overlay input is the repo and full rev overlays/dflash2/overlay.toml pins;
+- flake.lock holds nixpkgs' real entry (NIX.md) and no overlay entry (its narHash cannot be known here);
+- nix/fixture-pins.json is what the fixture generator gives now;
+- every .nix file parses; the stub and the README say the stub proves the wiring, not nixpkgs' build;
+- `pin fetch --no-digest-check` (what the flake's fixed-output derivations run) leaves the sha256 to its
+  caller but still checks sizes, while the default refuses a corrupt blob.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import fixtures  # noqa: E402
+from registry_standin import Standin, fixture_repo  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NIXPKGS_LOCK = {  # NIX.md: a real nixos-unstable entry from a public flake.lock
+    "locked": {"lastModified": 1787070829, "narHash": "sha256-vXNVDVtvfiQuXthP0NHPFdNvvMTkGpx0UP8oddIWbNk=",
+               "owner": "NixOS", "repo": "nixpkgs", "rev": "0ae2bc1419c3f345984c2629e72e7a631820fa4d", "type": "github"},
+    "original": {"owner": "NixOS", "ref": "nixos-unstable", "repo": "nixpkgs", "type": "github"},
+}
+
+
+def norm(name: str) -> str:
+    """A requirement's project name, PEP 503-normalised (nixpkgs attribute names use dashes too)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", name).group(0)).lower()
+
+
+def nix_list(text: str, key: str) -> list[str]:
+    """The names in `key = with python3Packages; [ ... ];` (or a let-bound list) of a .nix file."""
+    m = re.search(rf"\b{re.escape(key)} = with python3Packages; \[([^\]]*)\];", text)
+    assert m, f"{key} list not found"
+    return m.group(1).split()
+
+
+def test_package_nix_names_exactly_the_pyproject_dependencies():
+    project = tomllib.loads((ROOT / "python/pyproject.toml").read_text())["project"]
+    text = (ROOT / "nix/package.nix").read_text()
+    assert sorted(nix_list(text, "dependencies")) == sorted(norm(r) for r in project["dependencies"])
+    assert sorted(nix_list(text, "test")) == sorted(norm(r) for r in project["optional-dependencies"]["test"])
+    assert re.search(rf'version = "{re.escape(project["version"])}";', text)
+    assert 'mainProgram = "sparkstack";' in text and "pyproject = true;" in text
+
+
+def test_the_overlay_input_is_the_rev_overlay_toml_pins():
+    source = tomllib.loads((ROOT / "overlays/dflash2/overlay.toml").read_text())["source"]
+    flake = (ROOT / "flake.nix").read_text()
+    assert re.fullmatch(r"[0-9a-f]{40}", source["rev"])
+    assert f'url = "github:{source["repo"]}/{source["rev"]}";' in flake
+    assert re.search(r"overlay-src = \{[^}]*flake = false;", flake)
+
+
+def test_flake_lock_holds_the_real_nixpkgs_and_no_made_up_hash():
+    lock = json.loads((ROOT / "flake.lock").read_text())
+    assert lock["version"] == 7 and lock["root"] == "root"
+    assert set(lock["nodes"]) == {"root", "nixpkgs"}, "only nixpkgs is locked; the overlay input is locked online"
+    assert lock["nodes"]["nixpkgs"] == NIXPKGS_LOCK
+    assert lock["nodes"]["root"] == {"inputs": {"nixpkgs": "nixpkgs"}}
+
+
+def test_fixture_pins_are_what_the_generator_gives(tmp_path):
+    fixtures.write_image(tmp_path / "fx")
+    got = fixtures.pins_of(tmp_path / "fx" / "base")
+    want = json.loads((ROOT / "nix/fixture-pins.json").read_text())
+    assert got == want, ("nix/fixture-pins.json is stale: python checks/nix/fixtures.py image DIR && "
+                         "python checks/nix/fixtures.py pins DIR/base > nix/fixture-pins.json")
+
+
+def test_every_nix_file_parses():
+    tool = shutil.which("nix-instantiate")
+    if tool is None:
+        if os.environ.get("SPARKSTACK_REQUIRE_TOOLS"):
+            pytest.fail("nix-instantiate is required here (SPARKSTACK_REQUIRE_TOOLS is set): apt-get install nix-bin")
+        pytest.skip("nix-instantiate not installed")
+    files = sorted(p for p in ROOT.rglob("*.nix") if ".git" not in p.parts)
+    assert {p.relative_to(ROOT).as_posix() for p in files} >= {
+        "flake.nix", "nix/package.nix", "nix/base.nix", "nix/image.nix", "nix/apps.nix", "nix/checks.nix",
+        "nix/stub/flake.nix", "nix/stub/default.nix"}
+    for p in files:
+        proc = subprocess.run([tool, "--parse", str(p)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{p}: {proc.stderr}"
+
+
+def test_the_stub_and_readme_say_it_proves_wiring_not_nixpkgs_build():
+    lines = (ROOT / "nix/stub/flake.nix").read_text().splitlines()
+    first = " ".join(l for l in lines[:next(i for i, l in enumerate(lines) if not l.startswith("#"))]).lower()
+    assert "stand-in" in first and "wiring" in first and "not prove" in first and "nixpkgs' own build" in first
+    readme = (ROOT / "README.md").read_text().lower()
+    assert "proves the wiring, not nixpkgs' own build" in readme
+
+
+def test_pin_fetch_leaves_the_digest_to_nix_but_not_the_size(tmp_path, run_cli):
+    repos, served = fixture_repo(tmp_path / "fixture")
+    arm = served.platforms["linux/arm64"]
+    with Standin(repos) as standin:
+        env = {"SPARKSTACK_REGISTRY_MIRROR": standin.url}
+        pins = tmp_path / "pins.json"
+        run_cli("pin", "base", f"ghcr.io/{served.repo}:{served.tag}", "--pins", pins, env=env, check=0)
+        layer = arm["layers"][0]
+        size = (served.layouts["linux/arm64"] / "blobs/sha256" / layer.split(":")[1]).stat().st_size
+        standin.faults.add("corrupt-blob")
+        refused = run_cli("pin", "fetch", layer, "--pins", pins, "--out", tmp_path / "a", env=env, check=1)
+        assert "refusing them" in refused.stderr and not (tmp_path / "a").exists()
+        run_cli("pin", "fetch", layer, "--pins", pins, "--out", tmp_path / "b", "--no-digest-check", env=env, check=0)
+        assert (tmp_path / "b").stat().st_size == size  # the bytes served, for Nix to judge
+        import hashlib
+        assert "sha256:" + hashlib.sha256((tmp_path / "b").read_bytes()).hexdigest() != layer
+        # A wrong size is still refused here, flag or not.
+        doc = json.loads(pins.read_text())
+        doc["platforms"]["linux/arm64"]["layers"][0]["size"] = size - 1
+        pins.write_text(json.dumps(doc))
+        short = run_cli("pin", "fetch", layer, "--pins", pins, "--out", tmp_path / "c", "--no-digest-check",
+                        env=env, check=1)
+        assert "pinned size" in short.stderr and not (tmp_path / "c").exists()

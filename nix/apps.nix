@@ -1,0 +1,22 @@
+# One app per CLI command that exists today, each a thin wrapper over the CLI. `launch` passes the
+# image this flake built (its store path) as --image, so `nix run .#launch -- 0` runs exactly it; a
+# dry run builds it too, because the tag comes from the image's config digest.
+# Not wired, because the commands do not exist yet: ship, verify (top-level), bench.
+{ pkgs, sparkstack, image }:
+let
+  app = name: args: {
+    type = "app";
+    program = "${pkgs.writeShellApplication {
+      name = "sparkstack-${name}";
+      runtimeInputs = [ sparkstack ];
+      text = ''exec sparkstack ${args} "$@"'';
+    }}/bin/sparkstack-${name}";
+  };
+in
+{
+  strip = app "strip" "strip";
+  pin = app "pin" "pin";
+  plan = app "plan" "plan";
+  image = app "image" "image";
+  launch = app "launch" "launch --image ${image}";
+}
