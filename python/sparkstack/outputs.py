@@ -77,13 +77,24 @@ def _refuse_cwd(path: Path) -> None:
         raise SparkstackError(f"{path}: is the working directory or holds it; choose another --out")
 
 
-def claim_dir(path: Path, command: str) -> OutputMarker | None:
-    """May `command` write the directory `path`? Returns the previous output's marker, or None when `path`
-    is absent or an empty dir. Refuses (one line) anything sparkstack did not write, or another command wrote."""
+def _existing(path: Path) -> bool:
+    """Whether something is at `path` that a claim must judge; refuses what may never be replaced."""
     _refuse_cwd(path)
     if path.is_symlink():
         raise SparkstackError(f"{path}: is a symlink; refusing to replace it (choose another --out)")
-    if not path.exists():
+    return path.exists()
+
+
+def _same_command(path: Path, marker: OutputMarker, command: str) -> OutputMarker:
+    if marker.command != command:
+        raise SparkstackError(f"{path}: was written by `{marker.command}`, not `{command}`; choose another --out")
+    return marker
+
+
+def claim_dir(path: Path, command: str) -> OutputMarker | None:
+    """May `command` write the directory `path`? Returns the previous output's marker, or None when `path`
+    is absent or an empty dir. Refuses (one line) anything sparkstack did not write, or another command wrote."""
+    if not _existing(path):
         return None
     if not path.is_dir():
         raise SparkstackError(f"{path}: exists and is not a directory sparkstack wrote; choose another --out")
@@ -93,17 +104,12 @@ def claim_dir(path: Path, command: str) -> OutputMarker | None:
             return None
         raise SparkstackError(f"{path}: exists, is not empty and was not written by sparkstack "
                               f"(no {MARKER}); refusing to replace it: choose another --out or remove it yourself")
-    if marker.command != command:
-        raise SparkstackError(f"{path}: was written by `{marker.command}`, not `{command}`; choose another --out")
-    return marker
+    return _same_command(path, marker, command)
 
 
 def claim_file(path: Path, command: str, read_archive_marker: Callable[[Path], OutputMarker | None]) -> OutputMarker | None:
     """May `command` write the archive `path`? Like claim_dir, for a single file whose marker the caller reads."""
-    _refuse_cwd(path)
-    if path.is_symlink():
-        raise SparkstackError(f"{path}: is a symlink; refusing to replace it (choose another --out)")
-    if not path.exists():
+    if not _existing(path):
         return None
     if not path.is_file():
         raise SparkstackError(f"{path}: exists and is not a file; choose another --out")
@@ -111,6 +117,4 @@ def claim_file(path: Path, command: str, read_archive_marker: Callable[[Path], O
     if marker is None:
         raise SparkstackError(f"{path}: exists and is not an archive sparkstack wrote; refusing to replace it: "
                               "choose another --out or remove it yourself")
-    if marker.command != command:
-        raise SparkstackError(f"{path}: was written by `{marker.command}`, not `{command}`; choose another --out")
-    return marker
+    return _same_command(path, marker, command)
