@@ -684,8 +684,13 @@ def _ship_result_lines(plan, result) -> list[str]:
         if h.error:
             lines.append(f"{h.host}: error: {h.error}")
             continue
-        if h.image:
-            i = h.image
+        i = h.image
+        quiet = (i is None or (i.already_loaded and not i.tagged)) and all(
+            w.blobs_sent == 0 and w.snapshot == "up to date" and w.ref == "up to date" for w in h.weights)
+        if quiet:
+            lines.append(f"{h.host}: up to date")
+            continue
+        if i:
             what = ("already loaded" + (", tagged" if i.tagged else "")) if i.already_loaded else \
                 ("loaded into docker" if i.loaded else "not loaded")
             lines.append(f"{h.host}: image {i.config_digest[:19]}: sent {i.blobs_sent} blobs "

@@ -78,13 +78,13 @@ class Session:
         if not line:
             raise self.failure()
         if not line.endswith(b"\n"):
-            raise ShipError(f"{self.runner.label}: the helper's reply is not one line of at most {REPLY_LIMIT} bytes")
+            raise ShipError(f"the helper's reply is not one line of at most {REPLY_LIMIT} bytes")
         try:
             doc = json.loads(line)
         except ValueError:
-            raise ShipError(f"{self.runner.label}: the helper answered something that is not JSON: {line[:80]!r}") from None
+            raise ShipError(f"the helper answered something that is not JSON: {line[:80]!r}") from None
         if not isinstance(doc, dict):
-            raise ShipError(f"{self.runner.label}: the helper's reply is not a JSON object")
+            raise ShipError("the helper's reply is not a JSON object")
         if doc.get("ok") is False:
             raise ShipError(_one_line(doc.get("error")))
         return doc
@@ -141,7 +141,7 @@ def inventory(runner: Runner, request: dict) -> Inventory:
 def parse_inventory(doc: dict, label: str) -> Inventory:
     """The host's answer, held to its shape: every value another machine sent is checked before use."""
     def bad(what: str) -> ShipError:
-        return ShipError(f"{label}: malformed inventory ({what})")
+        return ShipError(f"malformed inventory ({what})")
 
     if doc.get("protocol") != PROTOCOL:
         raise bad("protocol")
@@ -193,7 +193,7 @@ class Stream:
             return 0, 0
         have = answer.get("have")
         if not isinstance(have, int) or not 0 <= have <= blob.size:
-            raise ShipError(f"{s.runner.label}: bad partial length for {blob.key}")
+            raise ShipError(f"bad partial length for {blob.key}")
         # A partial counts only if its bytes hash like ours: its size alone says nothing.
         offset = have if have and prefix_sha256(blob, have) == answer.get("prefix") else 0
         s.send({"offset": offset})
