@@ -3,8 +3,9 @@
 The fake ssh runs its remote command here, with HOME set to that target's own dir (so "what the host
 has" is really separate from the head's files), and with XDG_DATA_HOME and HF_HOME unset, as a login
 over ssh would be. A target may instead fail like ssh does (a wrong host key), or have no docker on
-its PATH. The fake docker keeps "loaded" images in a state file in that HOME; `load` reads its stdin as
-a tar stream, records whether it was a pipe, and checks every blobs/sha256/<hex> member against <hex>.
+its PATH. The fake docker keeps "loaded" images (and their layers' diff_ids) in a state file in that HOME; `load`
+reads its stdin as a tar stream, records whether it was a pipe, checks every blobs/sha256/<hex> member
+against <hex>, and, like docker, needs no file for a layer whose chain it already holds.
 The lab (checks/lab/test_ship_lab.py) does the same against real sshd and dockerd.
 """
 
@@ -41,7 +42,7 @@ FAKE_DOCKER = r'''#!{python}
 import hashlib, json, os, stat, sys, tarfile
 args = sys.argv[1:]
 state_path = os.environ["FAKE_STATE"]
-state = json.load(open(state_path)) if os.path.exists(state_path) else {"ids": [], "names": {}}
+state = json.load(open(state_path)) if os.path.exists(state_path) else {"ids": [], "names": {}, "layers": {}}
 call = {"argv": ["docker"] + args}
 if args[:1] == ["-H"]:
     call["host"] = args[1]
@@ -55,6 +56,11 @@ def lookup(ref):
 code = 0
 if args[0] == "version":
     print("20.10.0-fake")
+elif args[:2] == ["image", "ls"]:
+    print("\n".join(state["ids"]))
+elif args[:2] == ["image", "inspect"] and "{{json .RootFS.Layers}}" in args:
+    for ref in args[4:]:
+        print(json.dumps(state["layers"].get(lookup(ref) or "", [])))
 elif args[:2] == ["image", "inspect"]:
     found = lookup(args[-1])
     if found:
@@ -67,7 +73,7 @@ elif args[0] == "tag":
     save()
 elif args[0] == "load":
     call["stdin_is_pipe"] = stat.S_ISFIFO(os.fstat(0).st_mode)
-    members = {}
+    members, datas = {}, {}
     try:
         with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
             for m in tar:
@@ -75,9 +81,14 @@ elif args[0] == "load":
                 members[m.name] = hashlib.sha256(data).hexdigest()
                 if m.name == "manifest.json":
                     manifest = json.loads(data)
+                datas[m.name] = data
         entry = manifest[0]
         bad = [n for n, h in members.items() if n.startswith("blobs/sha256/") and n.split("/")[-1] != h]
-        missing = [p for p in [entry["Config"]] + entry["Layers"] if p not in members]
+        diff_ids = json.loads(datas[entry["Config"]])["rootfs"]["diff_ids"]
+        chains = {tuple(l[:i + 1]) for l in state["layers"].values() for i in range(len(l))}
+        needed = [p for i, p in enumerate(entry["Layers"]) if tuple(diff_ids[:i + 1]) not in chains]
+        missing = [p for p in [entry["Config"]] + needed if p not in members]
+        call["layer_members"] = len([p for p in entry["Layers"] if p in members])
         assert not bad and not missing, (bad, missing)
     except Exception as exc:
         print("Error: unexpected EOF or bad archive: %s" % exc, file=sys.stderr)
@@ -85,6 +96,7 @@ elif args[0] == "load":
     else:
         image_id = "sha256:" + members[entry["Config"]]
         state["ids"].append(image_id)
+        state["layers"][image_id] = diff_ids
         for t in entry["RepoTags"] or []:
             state["names"][t] = image_id
         call["members"] = sorted(members)

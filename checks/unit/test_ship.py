@@ -7,6 +7,7 @@ Each "host" is its own HOME here; the helper runs there exactly as it would behi
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,27 @@ def test_reship_sends_nothing_and_a_rebuild_sends_only_its_layer_config_and_mani
     assert out["image"]["blobs_sent"] == 3 and out["image"]["bytes_sent"] == sum(layout_sizes(b)[d] for d in new)
     state = json.loads((world["tmp"] / "w1/.engine.json").read_text())
     assert state["names"][built["name"]] == built["config_digest"]
+
+
+def test_layers_docker_already_holds_are_neither_sent_nor_streamed_into_its_load(world):
+    """A worker that got the old image some other way (no sparkstack store there): only the new top layer,
+    the config and the manifest go, and docker load gets no file for the layers it has."""
+    a, b = world["tmp"] / "a", world["tmp"] / "b"
+    build(world, a)
+    ship(world, "w1", "--image", a, "--no-weights", check=0)
+    shutil.rmtree(world["tmp"] / "w1/.local")  # as if it had come by docker save | docker load
+    built = build(world, b, registry="# changed\n")
+    new = set(layout_sizes(b)) - set(layout_sizes(a))
+    out = result(ship(world, "w1", "--image", b, "--no-weights", "--json", check=0))["w1"]
+    base_layers = len(json.loads((b / "blobs/sha256" / built["manifest_digest"].split(":")[1]).read_text())["layers"]) - 1
+    assert out["image"]["blobs_sent"] == 3 and out["image"]["bytes_sent"] == sum(layout_sizes(b)[d] for d in new)
+    assert out["image"]["blobs_in_docker"] == base_layers and out["image"]["loaded"]
+    load = [c for c in shipfix.calls(world["log"]) if c["argv"][1:2] == ["load"]][-1]
+    assert load["layer_members"] == 1  # only the new layer's file was in the stream
+    state = json.loads((world["tmp"] / "w1/.engine.json").read_text())
+    assert state["names"][built["name"]] == built["config_digest"]
+    # The store does not hold the whole image, so it records no layout for it.
+    assert not (world["tmp"] / "w1/.local/share/sparkstack/images" / built["config_digest"].split(":")[1]).exists()
 
 
 def test_corrupt_blobs_on_the_host_are_found_and_sent_again(world):
@@ -293,7 +315,7 @@ def test_the_plan_counts_what_a_host_has_before_checking_room():
     target = P.Target("w", Runner(ssh="w"), "mgmt", "~/.cache/huggingface/hub", None)
 
     def inv(states: dict, free: int) -> P.Inventory:
-        return P.Inventory({k: P.BlobState(*v) for k, v in states.items()}, None, False, False, {},
+        return P.Inventory({k: P.BlobState(*v) for k, v in states.items()}, None, False, False, 0, {},
                            {"hub": P.Room(free, 1, "/home/u/.cache/huggingface/hub"), "store": P.Room(free, 1, "/x")},
                            {}, "3.11")
 

@@ -32,7 +32,8 @@ def inventory_request(target: Target, image: ImageToShip | None, entries: tuple[
     req = {"readonly": readonly, "hub": target.hub, "blobs": blobs,
            "entries": [e.layout.to_json() for e in entries]}
     if image is not None:
-        req["image"] = {"config_digest": image.config_digest, "name": image.name, "docker_host": target.docker_host}
+        req["image"] = {"config_digest": image.config_digest, "name": image.name, "docker_host": target.docker_host,
+                        "diff_ids": list(image.diff_ids)}
     return req
 
 
@@ -84,6 +85,7 @@ class ImageResult:
     loaded: bool
     already_loaded: bool
     tagged: bool
+    blobs_in_docker: int  # layers its docker already held (counted in blobs_present): neither sent nor loaded
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -189,7 +191,7 @@ def _finish_request(target: Target, plan: ShipPlan, host: HostPlan) -> dict:
     if host.image is not None and host.image.needs_finish:
         img = plan.image
         req["image"] = {"config_digest": img.config_digest, "name": img.name, "docker_host": target.docker_host,
-                        "layers": list(img.layers), "blobs": [b.wire() for b in img.blobs],
+                        "layers": list(img.layers), "diff_ids": list(img.diff_ids), "blobs": [b.wire() for b in img.blobs],
                         "index_entry": img.index_entry}
     return req
 
@@ -214,8 +216,11 @@ def ship_host(plan: ShipPlan, host: HostPlan, t0: float, on_progress: Progress |
         image = None
         if host.image is not None:
             fin = finished.get("image") or {}
-            image = ImageResult(host.image.config_digest, *counts(host.image.send, host.image.present),
-                                bool(fin.get("loaded")), host.image.already_loaded, bool(fin.get("tagged")))
+            extra = tuple(b for b in plan.image.blobs if b.key in sent and b not in host.image.send)
+            present = tuple(b for b in host.image.present if b not in extra)
+            image = ImageResult(host.image.config_digest, *counts(host.image.send + extra, present),
+                                bool(fin.get("loaded")), host.image.already_loaded, bool(fin.get("tagged")),
+                                len(tuple(b for b in host.image.in_docker if b not in extra)))
         weights = []
         for part in host.weights:
             fin = (finished.get("entries") or {}).get(part.entry.name) or {}
@@ -235,16 +240,16 @@ def ship_host(plan: ShipPlan, host: HostPlan, t0: float, on_progress: Progress |
         req = _finish_request(target, plan, host)
         if req["entries"] or req["image"]:
             finished = wire.finish(target.runner, req)
-            corrupt = set(((finished.get("image") or {}).get("corrupt")) or [])
-            if corrupt:  # the host's store held bad bytes under a good name: they are gone there now; send again
-                again = tuple(b for b in plan.image.blobs if b.key in corrupt)
-                if len(again) != len(corrupt):
-                    raise SparkstackError(f"the host reported unknown corrupt blobs: {sorted(corrupt)[:3]}")
+            resend = set(((finished.get("image") or {}).get("resend")) or [])
+            if resend:  # bad bytes under a good name (dropped there now), or a layer docker no longer holds
+                again = tuple(b for b in plan.image.blobs if b.key in resend)
+                if len(again) != len(resend):
+                    raise SparkstackError(f"the host asked for unknown blobs: {sorted(resend)[:3]}")
                 for key, (s, r) in send_blobs(target, again, plan.streams, on_bytes).items():
                     sent[key] = (sent.get(key, (0, 0))[0] + s, r)
                 again_done = wire.finish(target.runner, {**req, "entries": []})  # the entries are done already
                 finished["image"] = again_done.get("image")
-                if (finished.get("image") or {}).get("corrupt"):
+                if (finished.get("image") or {}).get("resend"):
                     raise SparkstackError("the image's blobs failed their check on the host twice")
         return result(None, finished)
     except SparkstackError as exc:

@@ -223,7 +223,7 @@ def image_id(host, ref):
     return text if text.startswith("sha256:") else "sha256:" + text
 
 
-def docker_state(host, config_digest, name):
+def docker_state(host, config_digest, name, diff_ids=()):
     if shutil.which("docker") is None:
         return {"error": "docker is not installed (no docker on PATH)"}
     proc = run(docker_argv(host, "version", "--format", "{{.Server.Version}}"), timeout=60)
@@ -231,7 +231,36 @@ def docker_state(host, config_digest, name):
         return {"error": "docker is not reachable: " + last_line(proc)}
     holds = image_id(host, config_digest) == config_digest
     named = holds and (not name or image_id(host, name) == config_digest)
-    return {"error": None, "version": proc.stdout.decode().strip(), "holds": holds, "named": named}
+    held = 0 if holds else layers_held(host, list(diff_ids))
+    return {"error": None, "version": proc.stdout.decode().strip(), "holds": holds, "named": named,
+            "layers_held": held}
+
+
+def layers_held(host, diff_ids):
+    """How many of the image's first layers docker already has, as one chain, under any image it holds.
+
+    docker load skips a layer whose chain it has without opening its file, so those layers need to be
+    neither sent nor streamed into the load (a rebuilt image over an already-loaded base: only the top)."""
+    if not diff_ids:
+        return 0
+    proc = run(docker_argv(host, "image", "ls", "-q", "--no-trunc"), timeout=120)
+    ids = sorted(set(proc.stdout.decode(errors="replace").split())) if proc.returncode == 0 else []
+    if not ids:
+        return 0
+    proc = run(docker_argv(host, "image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids), timeout=300)
+    best = 0
+    for line in proc.stdout.decode(errors="replace").splitlines():  # an image removed meanwhile just fails alone
+        try:
+            layers = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(layers, list):
+            continue
+        n = 0
+        while n < min(len(layers), len(diff_ids)) and layers[n] == diff_ids[n]:
+            n += 1
+        best = max(best, n)
+    return best
 
 
 # ---------------------------------------------------------------- inventory
@@ -244,7 +273,8 @@ def op_inventory(req):
            "roots": where, "blobs": {}, "docker": None, "entries": {}, "free": {}}
     image = req.get("image")
     if image:
-        out["docker"] = docker_state(image.get("docker_host"), image["config_digest"], image.get("name"))
+        out["docker"] = docker_state(image.get("docker_host"), image["config_digest"], image.get("name"),
+                                     image.get("diff_ids") or ())
     skip_image = bool(image) and (out["docker"].get("error") is not None or out["docker"].get("holds"))
     for blob in req.get("blobs", []):
         if skip_image and blob["area"] == "store":
@@ -409,7 +439,7 @@ def op_finish(req):
         out["entries"][entry["name"]] = finish_entry(where["hub"], entry)
     image = req.get("image")
     if image:
-        out["image"] = finish_image(where["store"], image)  # "corrupt" lists blobs to send again
+        out["image"] = finish_image(where["store"], image)  # "resend" lists blobs to send (again)
     reply(out)
 
 
@@ -488,10 +518,11 @@ def rebuild_snapshot(snap, blobs_dir, links):
 
 def finish_image(store, image):
     host, config, name = image.get("docker_host"), image["config_digest"], image.get("name")
-    state = docker_state(host, config, name)
+    state = docker_state(host, config, name, image.get("diff_ids") or ())
     if state.get("error"):
         raise Refused(state["error"])
-    result = {"loaded": False, "already_loaded": state["holds"], "tagged": False, "corrupt": []}
+    result = {"loaded": False, "already_loaded": state["holds"], "tagged": False, "resend": [],
+              "layers_held": state["layers_held"]}
     if state["holds"]:
         if not state["named"]:
             proc = run(docker_argv(host, "tag", config, name))
@@ -499,19 +530,22 @@ def finish_image(store, image):
                 raise Refused("docker tag: " + last_line(proc))
             result["tagged"] = True
     else:
-        bad = verify_all(store, image["blobs"])
+        skip = state["layers_held"]  # asked again now: what docker has may have changed since the inventory
+        needed = set([config] + list(image["layers"][skip:]))
+        bad = verify_all(store, [b for b in image["blobs"] if "sha256:" + b["digest"] in needed])
         if bad:
-            result["corrupt"] = bad
+            result["resend"] = bad  # missing or corrupt here: the head sends them and asks again
             return result
-        corrupt = load_into_docker(store, image)
+        corrupt = load_into_docker(store, image, skip)
         if corrupt:
-            result["corrupt"] = [corrupt]
+            result["resend"] = [corrupt]
             return result
         result["loaded"] = True
     got = image_id(host, name or config)
     if got != config:
         raise Refused("docker holds %s as %s, not the config digest %s" % (name or config, got, config))
-    write_layout(store, image)
+    if not verify_all(store, image["blobs"]):  # a complete image in the store: readable as an OCI layout
+        write_layout(store, image)
     return result
 
 
@@ -531,9 +565,12 @@ def _pad(size):
     return b"\0" * (-size % tarfile.BLOCKSIZE)
 
 
-def load_into_docker(store, image):
+def load_into_docker(store, image, skip=0):
     """Stream a docker-archive made on the fly from the store into `docker load`. Returns the key of a
-    blob that failed its hash on the way (the load is killed before its member ends), else None."""
+    blob that failed its hash on the way (the load is killed before its member ends), else None.
+
+    manifest.json lists every layer; the files of the first `skip` (docker holds their chain) are left
+    out: docker never opens them, and would only have copied them to its scratch dir."""
     config_hex = image["config_digest"].split(":", 1)[1]
     manifest = json.dumps([{"Config": "blobs/sha256/" + config_hex, "RepoTags": [image["name"]] if image.get("name") else [],
                             "Layers": ["blobs/sha256/" + d.split(":", 1)[1] for d in image["layers"]]}]).encode()
@@ -549,7 +586,7 @@ def load_into_docker(store, image):
         pipe = proc.stdin
         pipe.write(_tar_header("manifest.json", len(manifest)) + manifest + _pad(len(manifest)))
         done = set()
-        for digest in [image["config_digest"]] + list(image["layers"]):
+        for digest in [image["config_digest"]] + list(image["layers"][skip:]):
             if digest in done:
                 continue
             done.add(digest)

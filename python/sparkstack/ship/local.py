@@ -83,7 +83,7 @@ def image_to_ship(path: Path, platform: str | None) -> ImageToShip:
     if name:
         entry["annotations"] = {CONTAINERD_NAME: name}
     return ImageToShip(Path(path), image.config_digest, image.manifest_digest, name,
-                       tuple(l.digest for l in image.layers), tuple(blobs), entry)
+                       tuple(l.digest for l in image.layers), tuple(l.diff_id for l in image.layers), tuple(blobs), entry)
 
 
 def _platform(text: str) -> dict:

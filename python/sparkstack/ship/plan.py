@@ -51,6 +51,7 @@ class ImageToShip:
     manifest_digest: str
     name: str | None  # the tag docker gets (io.containerd.image.name)
     layers: tuple[str, ...]  # layer digests in manifest order: docker-archive's Layers
+    diff_ids: tuple[str, ...]  # the config's, in the same order: how docker knows the layers it holds
     blobs: tuple[Blob, ...]  # manifest, config, layers (each once)
     index_entry: dict = field(hash=False, compare=False)  # the descriptor for the host store's index.json
 
@@ -103,6 +104,7 @@ class Inventory:
     docker_error: str | None
     holds_image: bool
     image_named: bool
+    layers_held: int  # the image's first layers docker already holds as one chain (from any image)
     entries: Mapping[str, tuple[bool, bool]]  # name -> (snapshot current, refs/main current)
     room: Mapping[str, Room]  # area -> free space there
     roots: Mapping[str, str]
@@ -116,7 +118,8 @@ class ImagePart:
     already_loaded: bool
     tag_only: bool
     send: tuple[Blob, ...]
-    present: tuple[Blob, ...]
+    present: tuple[Blob, ...]  # in the host's store, or layers its docker holds (`in_docker` of them)
+    in_docker: tuple[Blob, ...] = ()
 
     @property
     def bytes_to_send(self) -> int:
@@ -130,7 +133,8 @@ class ImagePart:
         return {"config_digest": self.config_digest, "name": self.name, "already_loaded": self.already_loaded,
                 "tag_only": self.tag_only, "send": [b.to_json() for b in self.send],
                 "present": [b.to_json() for b in self.present], "blobs_to_send": len(self.send),
-                "blobs_present": len(self.present), "bytes_to_send": self.bytes_to_send}
+                "blobs_present": len(self.present), "blobs_in_docker": len(self.in_docker),
+                "bytes_to_send": self.bytes_to_send}
 
 
 @dataclass(frozen=True)
@@ -226,8 +230,11 @@ def plan_host(target: Target, image: ImageToShip | None, entries: tuple[EntryToS
         if inv.holds_image:
             part = ImagePart(image.config_digest, image.name, True, not inv.image_named, (), image.blobs)
         else:
-            send, present = _split(image.blobs, inv)
-            part = ImagePart(image.config_digest, image.name, False, False, send, present)
+            # Layers docker holds as a chain are skipped by its load: they need not be on the host's store.
+            needed = set(image.layers[inv.layers_held:])
+            in_docker = tuple(b for b in image.blobs if b.key in image.layers and b.key not in needed)
+            send, present = _split(tuple(b for b in image.blobs if b not in in_docker), inv)
+            part = ImagePart(image.config_digest, image.name, False, False, send, present + in_docker, in_docker)
     weights = []
     for entry in entries:
         send, present = _split(entry.blobs, inv)

@@ -135,10 +135,10 @@ def inventory(runner: Runner, request: dict) -> Inventory:
         doc = s.receive()
     finally:
         s.close(kill=True)
-    return parse_inventory(doc, runner.label)
+    return parse_inventory(doc)
 
 
-def parse_inventory(doc: dict, label: str) -> Inventory:
+def parse_inventory(doc: dict) -> Inventory:
     """The host's answer, held to its shape: every value another machine sent is checked before use."""
     def bad(what: str) -> ShipError:
         return ShipError(f"malformed inventory ({what})")
@@ -168,8 +168,11 @@ def parse_inventory(doc: dict, label: str) -> Inventory:
         room[area] = Room(r["bytes"], r["device"], str(r.get("at")))
     roots = doc.get("roots") or {}
     err = docker.get("error")
+    held = docker.get("layers_held", 0)
+    if not isinstance(held, int) or held < 0:
+        raise bad("layers held by docker")
     return Inventory(blobs, None if err is None else _one_line(err), docker.get("holds") is True,
-                     docker.get("named") is True, entries, room,
+                     docker.get("named") is True, held, entries, room,
                      {str(k): str(v) for k, v in roots.items()} if isinstance(roots, dict) else {},
                      str(doc.get("python", "?")))
 
