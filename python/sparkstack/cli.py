@@ -668,9 +668,13 @@ def _render_ship_plan(plan) -> None:
             if h.image.already_loaded:
                 click.echo("  image: already loaded" + (", would tag" if h.image.tag_only else ""))
             else:
+                held = f" ({len(h.image.in_docker)} layers held by its docker)" if h.image.in_docker else ""
                 click.echo(f"  image: send {len(h.image.send)} blobs ({human_bytes(h.image.bytes_to_send)}), "
-                           f"{len(h.image.present)} there; then load from the host's store")
+                           f"{len(h.image.present)} there{held}; then load from the host's store")
         for w in h.weights:
+            if not w.needs_finish:
+                click.echo(f"  {w.entry.name}: up to date ({len(w.present)} blobs there)")
+                continue
             todo = [] if w.snapshot_current and w.ref_current else ["rebuild snapshot links and refs/main"]
             click.echo(f"  {w.entry.name}: send {len(w.send)} blobs ({human_bytes(w.bytes_to_send)}), "
                        f"{len(w.present)} there" + (f"; {todo[0]}" if todo else ""))
