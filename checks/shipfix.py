@@ -56,7 +56,7 @@ def lookup(ref):
 code = 0
 if args[0] == "version":
     print("20.10.0-fake")
-elif args[:2] == ["image", "ls"]:
+elif args[:1] == ["images"]:
     print("\n".join(state["ids"]))
 elif args[:2] == ["image", "inspect"] and "{{json .RootFS.Layers}}" in args:
     for ref in args[4:]:

@@ -243,7 +243,7 @@ def layers_held(host, diff_ids):
     neither sent nor streamed into the load (a rebuilt image over an already-loaded base: only the top)."""
     if not diff_ids:
         return 0
-    proc = run(docker_argv(host, "image", "ls", "-q", "--no-trunc"), timeout=120)
+    proc = run(docker_argv(host, "images", "-q", "--no-trunc"), timeout=120)
     ids = sorted(set(proc.stdout.decode(errors="replace").split())) if proc.returncode == 0 else []
     if not ids:
         return 0
