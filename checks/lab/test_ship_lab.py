@@ -8,6 +8,7 @@ namespace), huggingface_hub's scanner over its hub; never only from what sparkst
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -83,6 +84,15 @@ def test_image_first_ship_then_a_one_file_rebuild_then_nothing(world):
     assert out["image"]["blobs_sent"] == 3 and out["image"]["bytes_sent"] == sum(new.values())
     assert out["image"]["blobs_present"] == 1  # the base layer, and nothing else, was already there
     assert worker_image_id(lab.worker, b["name"]) == b["config_digest"]
+
+    # A worker whose store is gone but whose docker holds the base (as after a docker save | load): the real
+    # dockerd loads an archive that leaves out the layer it holds; only the new layer, config, manifest go.
+    shutil.rmtree(lab.worker.path("/root/.local"))
+    changed[54321] ^= 0xFF
+    b2 = shiplab.build_image(world["base"], work, work / "img-b2", bytes(changed))
+    out = hosts(ship(world, "worker", "--image", work / "img-b2", "--no-weights", "--json", check=0))["worker"]
+    assert out["image"]["blobs_sent"] == 3 and out["image"]["blobs_in_docker"] == 1 and out["image"]["loaded"]
+    assert worker_image_id(lab.worker, b2["name"]) == b2["config_digest"]
 
     again = ship(world, "worker", "--image", work / "img-b", "--no-weights", "--json", check=0)
     out = hosts(again)["worker"]
