@@ -327,3 +327,17 @@ def test_the_plan_counts_what_a_host_has_before_checking_room():
     assert short.error.startswith("not enough room on /home/u/.cache/huggingface/hub: 600 B must be written but "
                                   "599 B is free (600 B already there was not counted)")
     assert P.plan_host(target, None, (entry,), "ssh: connect to host w port 22: Connection refused").error.startswith("ssh")
+
+
+def test_a_head_blob_that_does_not_match_its_name_is_never_shipped(world):
+    _, blobs = entry_for_copy(world["head"] / HUB, DRAFT)
+    bad = next(b for b in blobs if b.algorithm == "git-sha1")  # the git sha1 rule is checked, not only sha256
+    data = bad.path.read_bytes()
+    bad.path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    proc = ship(world, "w1", "--no-image", "--model", DRAFT)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()
+    assert line == (f"sparkstack: error: w1: the head's copy of {DRAFT}/{bad.name} ({bad.path}) does not match its "
+                    "name; not shipped")
+    assert not host_blob(world, "w1", DRAFT, bad.name).exists()
+    assert not (world["tmp"] / "w1" / HUB / DRAFT / "snapshots").exists()  # no snapshot over a missing blob

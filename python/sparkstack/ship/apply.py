@@ -173,11 +173,10 @@ def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int,
 def _send_checked(stream: wire.Stream, blob: Blob, on_bytes: Callable[[int], None]) -> tuple[int, int]:
     try:
         return stream.send_blob(blob, on_bytes)
-    except wire.ShipError as exc:
-        if "arrived with" not in str(exc):
-            raise
+    except wire.Mismatch:
+        pass
     # The host refused the bytes it got. If ours do not match the name either, say so: never resend bad bytes.
-    if wire.prefix_sha256(blob, blob.size) != blob.digest and blob.algo == "sha256":
+    if wire.local_digest(blob) != blob.digest:
         raise SparkstackError(f"the head's copy of {blob.key} ({blob.source}) does not match its name; not shipped")
     sent, resumed = stream.send_blob(blob, on_bytes)  # once more: a transport fault, not our data
     return sent, resumed

@@ -401,7 +401,8 @@ def receive_one(dest, algo, digest, size, buf):
         os.fsync(fd)
         if h.hexdigest() != digest:
             os.unlink(part)
-            reply({"ok": False, "error": "%s arrived with %s %s, not %s; removed" % (dest, algo, h.hexdigest(), digest)})
+            reply({"ok": False, "mismatch": True,
+                   "error": "%s arrived with %s %s, not %s; removed" % (dest, algo, h.hexdigest(), digest)})
             return True
         os.rename(part, dest)  # only now does the name exist: verified bytes, or nothing
         fsync_dir(os.path.dirname(dest))

@@ -38,6 +38,10 @@ class ShipError(SparkstackError):
     pass
 
 
+class Mismatch(ShipError):
+    """The host hashed what arrived and it was not the blob's name; it kept nothing."""
+
+
 class Session:
     """One ssh connection running the helper for one request."""
 
@@ -86,7 +90,7 @@ class Session:
         if not isinstance(doc, dict):
             raise ShipError("the helper's reply is not a JSON object")
         if doc.get("ok") is False:
-            raise ShipError(_one_line(doc.get("error")))
+            raise (Mismatch if doc.get("mismatch") is True else ShipError)(_one_line(doc.get("error")))
         return doc
 
     def failure(self) -> ShipError:
@@ -213,6 +217,19 @@ def _read_range(blob: Blob, start: int, length: int) -> bytes:
         return blob.data[start:start + length]
     with open(blob.source, "rb") as f:
         return os.pread(f.fileno(), length, blob.offset + start)
+
+
+def local_digest(blob: Blob) -> str:
+    """The blob's bytes here, hashed the way its name says (sha256, or git's blob sha1)."""
+    h = hashlib.sha256() if blob.algo == "sha256" else hashlib.sha1(b"blob %d\0" % blob.size)
+    pos = 0
+    while pos < blob.size:
+        chunk = _read_range(blob, pos, min(SEND_CHUNK, blob.size - pos))
+        if not chunk:
+            break
+        h.update(chunk)
+        pos += len(chunk)
+    return h.hexdigest()
 
 
 def prefix_sha256(blob: Blob, length: int) -> str:
