@@ -137,13 +137,13 @@ class ShipResult:
 # ---------------------------------------------------------------- moving bytes
 
 
-def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int,
-               on_bytes: Callable[[int], None]) -> dict[str, tuple[int, int]]:
-    """Send `blobs` over up to `streams` connections, largest first. Returns key -> (bytes sent, bytes resumed)."""
+def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int, on_bytes: Callable[[int], None],
+               done: dict[str, tuple[int, int]]) -> None:
+    """Send `blobs` over up to `streams` connections, largest first, filling key -> (bytes sent, bytes resumed)
+    in `done` as each one lands (so a host that fails half way still reports what crossed)."""
     todo: queue.Queue[Blob] = queue.Queue()
     for b in sorted(blobs, key=lambda b: -b.size):
         todo.put(b)
-    done: dict[str, tuple[int, int]] = {}
     errors: list[Exception] = []
 
     def worker() -> None:
@@ -156,7 +156,9 @@ def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int,
                     return
                 if stream is None:
                     stream = wire.Stream(target.runner, target.hub)
-                done[blob.key] = _send_checked(stream, blob, on_bytes)
+                s, r = _send_checked(stream, blob, on_bytes)
+                old = done.get(blob.key, (0, 0))
+                done[blob.key] = (old[0] + s, r or old[1])
         except (SparkstackError, OSError) as exc:
             errors.append(exc)
         finally:
@@ -167,7 +169,6 @@ def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int,
     if errors:
         exc = errors[0]
         raise exc if isinstance(exc, SparkstackError) else SparkstackError(f"{exc.strerror or exc}")
-    return done
 
 
 def _send_checked(stream: wire.Stream, blob: Blob, on_bytes: Callable[[int], None]) -> tuple[int, int]:
@@ -234,7 +235,7 @@ def ship_host(plan: ShipPlan, host: HostPlan, t0: float, on_progress: Progress |
         return result(host.error, None)
     try:
         if host.send:
-            sent.update(send_blobs(target, host.send, plan.streams, on_bytes))
+            send_blobs(target, host.send, plan.streams, on_bytes, sent)
         finished = None
         req = _finish_request(target, plan, host)
         if req["entries"] or req["image"]:
@@ -244,8 +245,7 @@ def ship_host(plan: ShipPlan, host: HostPlan, t0: float, on_progress: Progress |
                 again = tuple(b for b in plan.image.blobs if b.key in resend)
                 if len(again) != len(resend):
                     raise SparkstackError(f"the host asked for unknown blobs: {sorted(resend)[:3]}")
-                for key, (s, r) in send_blobs(target, again, plan.streams, on_bytes).items():
-                    sent[key] = (sent.get(key, (0, 0))[0] + s, r)
+                send_blobs(target, again, plan.streams, on_bytes, sent)
                 again_done = wire.finish(target.runner, {**req, "entries": []})  # the entries are done already
                 finished["image"] = again_done.get("image")
                 if (finished.get("image") or {}).get("resend"):
