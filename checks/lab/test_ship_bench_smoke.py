@@ -11,8 +11,14 @@ BENCH = Path(__file__).parents[1] / "bench" / "ship_bench.py"
 MIB = 1 << 20
 
 
+def _netns() -> set[str]:
+    return {l.split()[0] for l in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+            if l.strip()}
+
+
 def test_ship_bench_runs_and_counts_the_wire(tmp_path):
     require("ip", "dockerd", "sshd", "rsync")
+    before = _netns()
     proc = subprocess.run([sys.executable, str(BENCH), "--base-mib", "8", "--overlay-mib", "2", "--weights-mib", "16",
                            "--shard-mib", "8", "--workdir", str(tmp_path), "--json"], capture_output=True, text=True,
                           timeout=600)
@@ -32,5 +38,4 @@ def test_ship_bench_runs_and_counts_the_wire(tmp_path):
     assert wt["raw_verifying_stream"]["wire_bytes"] >= wt["bytes"]
     assert set(r["ratios"]) >= {"a_over_c_wire", "c_wire_over_limit", "ship_streams_1_speed_over_raw"}
     assert list(tmp_path.iterdir()) == []  # its lab and files are gone
-    assert not [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
-                if "ssk-" in line and str(proc.pid) in line]
+    assert not {n for n in _netns() - before if n.startswith("ssk-")}  # and so are its namespaces
