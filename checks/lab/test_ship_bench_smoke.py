@@ -19,11 +19,12 @@ def _netns() -> set[str]:
 def test_ship_bench_runs_and_counts_the_wire(tmp_path):
     require("ip", "dockerd", "sshd", "rsync")
     before = _netns()
-    proc = subprocess.run([sys.executable, str(BENCH), "--base-mib", "8", "--overlay-mib", "2", "--weights-mib", "16",
-                           "--shard-mib", "8", "--workdir", str(tmp_path), "--json"], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)
+    proc = subprocess.Popen([sys.executable, str(BENCH), "--base-mib", "8", "--overlay-mib", "2", "--weights-mib", "16",
+                             "--shard-mib", "8", "--workdir", str(tmp_path), "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    r = json.loads(stdout)
     img, wt = r["image"], r["weights"]
     assert img["b_ship_first"]["bytes_sent"] == img["image_bytes"]
     assert img["c_ship_after_change"]["bytes_sent"] == sum(img["changed_blobs"].values())
@@ -38,4 +39,5 @@ def test_ship_bench_runs_and_counts_the_wire(tmp_path):
     assert wt["raw_verifying_stream"]["wire_bytes"] >= wt["bytes"]
     assert set(r["ratios"]) >= {"a_over_c_wire", "c_wire_over_limit", "ship_streams_1_speed_over_raw"}
     assert list(tmp_path.iterdir()) == []  # its lab and files are gone
-    assert not {n for n in _netns() - before if n.startswith("ssk-")}  # and so are its namespaces
+    # ...and so are its namespaces (named after the bench's pid; another lab running meanwhile has its own).
+    assert not {n for n in _netns() - before if n.startswith("ssk-") and n.split("-")[-1].startswith(str(proc.pid))}
