@@ -87,7 +87,7 @@ import signal  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 
-from lab import Lab  # noqa: E402
+from lab import Lab, new_tag  # noqa: E402
 
 STANDIN = Path(__file__).parent / "standin_engine.py"
 STANDIN_DEST = "entrypoints/standin_engine.py"  # under the vLLM root
@@ -98,7 +98,7 @@ def lab(tmp_path_factory):
     """Head and worker namespaces with dockerd each, sshd on the worker. Torn down in every case."""
     require("ip", "nsenter", "unshare", "dockerd", "docker", "sshd", "ssh", "ssh-keygen", "rsync")
     root = Path(os.environ.get("SPARKSTACK_LAB_ROOT") or tmp_path_factory.mktemp("lab"))
-    the_lab = Lab(root, tag=os.environ.get("SPARKSTACK_LAB_TAG", str(os.getpid())))
+    the_lab = Lab(root, tag=os.environ.get("SPARKSTACK_LAB_TAG") or new_tag())
     atexit.register(the_lab.stop)  # also on paths where pytest's own teardown does not run
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a plain `kill` still reaches atexit
     try:

@@ -3,7 +3,14 @@
 - fabric: a veth pair named enp1s0f1np1 at both ends (like the CX7 port), 10.0.0.1 <-> 10.0.0.2
 - management: a second veth pair (mgmt0), which ssh uses, so the fabric can go down in a test
 - one dockerd per host, each with its own root and socket, started so the cgroup mounts stay visible
-- sshd on the worker: its own host key, key-only auth; a client config with StrictHostKeyChecking yes
+- sshd on the worker, on its management and its fabric address: its own host key, key-only auth; a
+  client config with StrictHostKeyChecking yes
+
+A worker is a second machine, not a second view of this one: its sshd, everything sshd starts, and its
+dockerd share one mount namespace of their own, where root's HOME (/root) is a private, size-limited
+tmpfs (so "already there" means there, and a full disk can be made), with its own /sys/class/net, and,
+for a worker made without docker, no docker client on PATH. More workers can be added (`add_worker`),
+each with its own pair of veths to the head and its own addresses.
 
 Every process is tracked by its pidfile and stopped by PID; namespaces and mounts are removed on stop.
 All addresses live only inside namespaces this lab creates.
@@ -12,6 +19,7 @@ All addresses live only inside namespaces this lab creates.
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -25,6 +33,8 @@ FABRIC_IF = "enp1s0f1np1"
 MGMT_IF = "mgmt0"
 FABRIC = {"head": "10.0.0.1", "worker": "10.0.0.2"}
 MGMT = {"head": "192.168.250.1", "worker": "192.168.250.2"}
+WORKER_HOME = "/root"  # root's HOME, as sshd sets it; a private tmpfs inside each worker
+DEFAULT_HOME_MIB = int(os.environ.get("SPARKSTACK_LAB_HOME_MIB", "512"))
 
 
 def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -42,10 +52,34 @@ class Host:
     mgmt_ip: str
     state: Path
     dockerd: Dockerd | None = None
+    head_fabric_if: str = FABRIC_IF  # the head's end of this worker's links
+    head_mgmt_if: str = MGMT_IF
+    home_mib: int = 0  # size of the worker's private HOME
+    sshd_pidfile: Path | None = None  # the worker's sshd also holds its mount namespace
 
     @property
     def nsenter(self) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{self.netns}"]
+
+    def sshd_pid(self) -> int | None:
+        try:
+            return int(self.sshd_pidfile.read_text().strip())
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def machine(self, *argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Run a command on the worker as the worker sees itself: its network and its mounts (its HOME)."""
+        return sh("nsenter", "-t", str(self.sshd_pid()), "-m", "-n", *argv, check=check, **kw)
+
+    @property
+    def home_mount(self) -> Path:
+        """Where the worker's HOME tmpfs is mounted out here (the lab's view of that machine's disk)."""
+        return self.state / "home"
+
+    def path(self, inside: str | Path) -> Path:
+        """A path on the worker, as a plain path here: under its HOME, through the tmpfs's outside mount."""
+        rel = Path(inside).relative_to(WORKER_HOME)
+        return self.home_mount / rel
 
     def run(self, *argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run a command inside this host's network namespace, with its own /sys/class/net.
@@ -63,14 +97,23 @@ def state_dir(tag: str) -> Path:
     return Path("/tmp") / f"ssk-{tag}"
 
 
+def new_tag() -> str:
+    """pid plus a random part: a parallel lab, or a stale one from a reused pid, never shares a name."""
+    return f"{os.getpid()}{secrets.token_hex(2)}"
+
+
 @dataclass
 class Lab:
     root: Path  # for the tests' own files
-    tag: str = field(default_factory=lambda: f"{os.getpid()}")
+    tag: str = field(default_factory=new_tag)
     hosts: dict[str, Host] = field(default_factory=dict)
     ssh_config: Path | None = None
-    sshd_pidfile: Path | None = None
     startup_s: float = 0.0
+    home_mib: int = DEFAULT_HOME_MIB
+
+    @property
+    def sshd_pidfile(self) -> Path | None:
+        return self.hosts["worker"].sshd_pidfile if "worker" in self.hosts else None
 
     @property
     def state(self) -> Path:
@@ -91,27 +134,61 @@ class Lab:
     def start(self) -> Lab:
         t0 = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
-        for name in ("head", "worker"):
-            state = self.state / name
-            state.mkdir(parents=True, exist_ok=True)
-            self.hosts[name] = Host(name, f"ssk-{name}-{self.tag}", FABRIC[name], MGMT[name], state)
-        h, w = self.head, self.worker
-        for host in (h, w):
-            sh("ip", "netns", "add", host.netns)
-        sh("ip", "link", "add", FABRIC_IF, "netns", h.netns, "type", "veth", "peer", "name", FABRIC_IF, "netns", w.netns)
-        sh("ip", "link", "add", MGMT_IF, "netns", h.netns, "type", "veth", "peer", "name", MGMT_IF, "netns", w.netns)
-        for host in (h, w):
-            host.run("ip", "link", "set", "lo", "up")
-            host.run("ip", "addr", "add", f"{host.fabric_ip}/24", "dev", FABRIC_IF)
-            host.run("ip", "addr", "add", f"{host.mgmt_ip}/24", "dev", MGMT_IF)
-            host.run("ip", "link", "set", FABRIC_IF, "up")
-            host.run("ip", "link", "set", MGMT_IF, "up")
-        for host in (h, w):
-            host.dockerd = Dockerd(host.state / "docker", prefix=self._in_netns_with_own_sysfs(host))
-            host.dockerd.start()
-        self._start_sshd()
+        self._prepare_ssh()
+        state = self.state / "head"
+        state.mkdir(parents=True, exist_ok=True)
+        h = self.hosts["head"] = Host("head", f"ssk-head-{self.tag}", FABRIC["head"], MGMT["head"], state)
+        sh("ip", "netns", "add", h.netns)
+        h.run("ip", "link", "set", "lo", "up")
+        h.dockerd = Dockerd(h.state / "docker", prefix=self._in_netns_with_own_sysfs(h))
+        h.dockerd.start()
+        self.add_worker("worker", docker=True, home_mib=self.home_mib)
         self.startup_s = time.monotonic() - t0
         return self
+
+    def add_worker(self, name: str, docker: bool = True, home_mib: int | None = None) -> Host:
+        """A worker machine: its own namespaces, veths to the head, sshd, private HOME and (unless not) dockerd.
+
+        The first worker gets the production names and addresses (enp1s0f1np1 at both ends, 10.0.0.2);
+        the n-th gets its own /24s, and head-side links named after it."""
+        n = len([x for x in self.hosts if x != "head"])
+        if n == 0:
+            fabric, mgmt, head_fab, head_mgmt = FABRIC["worker"], MGMT["worker"], FABRIC_IF, MGMT_IF
+            head_fabric_ip, head_mgmt_ip = FABRIC["head"], MGMT["head"]
+        else:
+            i = n + 1
+            fabric, mgmt = f"10.0.{i}.2", f"192.168.{249 + i}.2"
+            head_fabric_ip, head_mgmt_ip = f"10.0.{i}.1", f"192.168.{249 + i}.1"
+            head_fab, head_mgmt = f"fab-{name}"[:15], f"mgm-{name}"[:15]
+        state = self.state / name
+        state.mkdir(parents=True, exist_ok=True)
+        w = Host(name, f"ssk-{name}-{self.tag}", fabric, mgmt, state, head_fabric_if=head_fab, head_mgmt_if=head_mgmt,
+                 home_mib=self.home_mib if home_mib is None else home_mib)
+        self.hosts[name] = w
+        h = self.head
+        sh("ip", "netns", "add", w.netns)
+        sh("ip", "link", "add", head_fab, "netns", h.netns, "type", "veth", "peer", "name", FABRIC_IF, "netns", w.netns)
+        sh("ip", "link", "add", head_mgmt, "netns", h.netns, "type", "veth", "peer", "name", MGMT_IF, "netns", w.netns)
+        h.run("ip", "addr", "add", f"{head_fabric_ip}/24", "dev", head_fab)
+        h.run("ip", "addr", "add", f"{head_mgmt_ip}/24", "dev", head_mgmt)
+        h.run("ip", "link", "set", head_fab, "up")
+        h.run("ip", "link", "set", head_mgmt, "up")
+        w.run("ip", "link", "set", "lo", "up")
+        w.run("ip", "addr", "add", f"{w.fabric_ip}/24", "dev", FABRIC_IF)
+        w.run("ip", "addr", "add", f"{w.mgmt_ip}/24", "dev", MGMT_IF)
+        w.run("ip", "link", "set", FABRIC_IF, "up")
+        w.run("ip", "link", "set", MGMT_IF, "up")
+        self._start_worker_sshd(w, docker)
+        if docker:
+            w.dockerd = Dockerd(w.state / "docker", prefix=["nsenter", "-t", str(w.sshd_pid()), "-m", "-n"])
+            w.dockerd.start()
+        return w
+
+    def remove_worker(self, name: str) -> None:
+        w = self.hosts.pop(name)
+        self._stop_host(w)
+        sh("ip", "netns", "delete", w.netns, check=False)
+        self._write_ssh_client_files()
 
     def _in_netns_with_own_sysfs(self, host: Host) -> list[str]:
         """Enter the host's netns in a private mount namespace whose /sys/class/net shows that netns.
@@ -124,56 +201,115 @@ class Lab:
                   'mount --bind "$0/devices/virtual/net" /sys/devices/virtual/net && exec "$@"')
         return [*host.nsenter, "unshare", "-m", "--propagation", "private", "sh", "-c", script, str(sysfs)]
 
-    def _start_sshd(self) -> None:
-        w = self.worker
+    def _prepare_ssh(self) -> None:
         d = self.ssh_dir
-        d.mkdir(exist_ok=True)
-        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key"))
+        d.mkdir(parents=True, exist_ok=True)
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key"))
         shutil.copy(d / "client_key.pub", d / "authorized_keys")
-        self.sshd_pidfile = d / "sshd.pid"
-        (d / "sshd_config").write_text(
-            f"ListenAddress {w.mgmt_ip}\nPort 22\nHostKey {d / 'host_key'}\nPidFile {self.sshd_pidfile}\n"
-            f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
-            "Subsystem sftp internal-sftp\n")
-        host_pub = (d / "host_key.pub").read_text().split()
-        (d / "known_hosts").write_text(f"{w.mgmt_ip} {host_pub[0]} {host_pub[1]}\n")
-        self.ssh_config = d / "ssh_config"
-        self.ssh_config.write_text(
-            f"Host worker {w.mgmt_ip}\n  HostName {w.mgmt_ip}\n  User root\n  IdentityFile {d / 'client_key'}\n"
-            f"  IdentitiesOnly yes\n  UserKnownHostsFile {d / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
-            "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n")
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation dir
-        w.run(shutil.which("sshd") or "/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log"))
-        wait_for(lambda: self.sshd_pidfile.exists(), 10, "sshd", log=d / "sshd.log")
-        wait_for(lambda: self.ssh("true", check=False).returncode == 0, 15, "ssh to the worker", log=d / "sshd.log")
 
-    def ssh(self, *remote: str, check: bool = True, config: Path | None = None) -> subprocess.CompletedProcess:
-        """ssh from the head to the worker, over management, with the lab's strict client config."""
-        return self.head.run("ssh", "-F", str(config or self.ssh_config), "worker", shlex.join(remote), check=check)
+    def _write_ssh_client_files(self) -> None:
+        """known_hosts (each worker's key under its management address) and one `Host` entry per worker."""
+        d = self.ssh_dir
+        known, config = [], []
+        for w in self.hosts.values():
+            if w.name == "head":
+                continue
+            pub = (w.state / "host_key.pub").read_text().split()
+            known.append(f"{w.mgmt_ip} {pub[0]} {pub[1]}\n")
+            config.append(
+                f"Host {w.name} {w.mgmt_ip}\n  HostName {w.mgmt_ip}\n  User root\n  IdentityFile {d / 'client_key'}\n"
+                f"  IdentitiesOnly yes\n  UserKnownHostsFile {d / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
+                "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n")
+        (d / "known_hosts").write_text("".join(known))
+        self.ssh_config = d / "ssh_config"
+        self.ssh_config.write_text("".join(config))
+
+    def _start_worker_sshd(self, w: Host, docker: bool) -> None:
+        """sshd in a mount namespace of the worker's own: sysfs of its netns, a tmpfs HOME, docker hidden if asked.
+
+        sshd daemonizes inside it; its pid (the pidfile's) holds the namespace, and dockerd joins it."""
+        d = w.state
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key"))
+        w.sshd_pidfile = d / "sshd.pid"
+        (d / "sshd_config").write_text(
+            f"ListenAddress {w.mgmt_ip}\nListenAddress {w.fabric_ip}\nPort 22\nHostKey {d / 'host_key'}\n"
+            f"PidFile {w.sshd_pidfile}\nAuthorizedKeysFile {self.ssh_dir / 'authorized_keys'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+            "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\nSubsystem sftp internal-sftp\n")
+        self._write_ssh_client_files()
+        sysfs = d / "sysfs"
+        sysfs.mkdir(exist_ok=True)
+        # The HOME tmpfs is mounted out here first, then bound over /root inside the worker: tests can read the
+        # worker's files by plain paths (symlinks included), and nobody but the lab knows where they are.
+        w.home_mount.mkdir(exist_ok=True)
+        sh("mount", "-t", "tmpfs", "-o", f"size={w.home_mib}m,mode=0700", "sparkstack-lab-home", str(w.home_mount))
+        hide = "" if docker else "".join(
+            f' && mount --bind /dev/null {shlex.quote(p)}'
+            for p in dict.fromkeys(x for x in ("/usr/bin/docker", "/usr/local/bin/docker", shutil.which("docker"))
+                                   if x and os.path.exists(x)))
+        script = ('mount -t sysfs sysfs "$0" && mount --bind "$0/class/net" /sys/class/net && '
+                  'mount --bind "$0/devices/virtual/net" /sys/devices/virtual/net && '
+                  f'mount --bind {shlex.quote(str(w.home_mount))} {WORKER_HOME}{hide} && exec "$@"')
+        sh(*w.nsenter, "unshare", "-m", "--propagation", "private", "sh", "-c", script, str(sysfs),
+           shutil.which("sshd") or "/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log"))
+        wait_for(lambda: w.sshd_pidfile.exists(), 10, "sshd", log=d / "sshd.log")
+        wait_for(lambda: self.ssh("true", check=False, host=w.name).returncode == 0, 15, f"ssh to {w.name}",
+                 log=d / "sshd.log")
+
+    def ssh(self, *remote: str, check: bool = True, config: Path | None = None,
+            host: str = "worker") -> subprocess.CompletedProcess:
+        """ssh from the head to a worker, over management, with the lab's strict client config."""
+        return self.head.run("ssh", "-F", str(config or self.ssh_config), host, shlex.join(remote), check=check)
 
     def pids(self) -> list[int]:
-        found = []
-        for pidfile in [self.sshd_pidfile] + [h.dockerd.pidfile for h in self.hosts.values() if h.dockerd]:
+        found = [h.sshd_pid() for h in self.hosts.values()]
+        found += [h.dockerd.pid() for h in self.hosts.values() if h.dockerd]
+        return [p for p in found if p]
+
+    def _stop_host(self, host: Host) -> None:
+        """dockerd, then sshd, then anything still living in the worker's mount namespace (its sessions)."""
+        mntns = None
+        pid = host.sshd_pid()
+        if pid:
             try:
-                found.append(int(pidfile.read_text().strip()))
-            except (OSError, ValueError, AttributeError):
+                mntns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+            except OSError:
                 pass
-        return found
+        if host.dockerd is not None:
+            host.dockerd.stop()
+        if pid:
+            stop_pid(pid)
+        if mntns is not None:
+            for left in _pids_in_mount_ns(mntns):
+                stop_pid(left, timeout=5)
+        if host.name != "head":
+            sh("umount", "-l", str(host.home_mount), check=False)
 
     def stop(self) -> None:
-        if self.sshd_pidfile is not None:
-            try:
-                stop_pid(int(self.sshd_pidfile.read_text().strip()))
-            except (OSError, ValueError):
-                pass
-        for host in self.hosts.values():
-            if host.dockerd is not None:
-                host.dockerd.stop()
+        for host in list(self.hosts.values())[::-1]:  # workers first; the head last
+            self._stop_host(host)
         for host in self.hosts.values():
             sh("ip", "netns", "delete", host.netns, check=False)  # takes its veth ends with it
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+def _pids_in_mount_ns(inode: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.stat(entry / "ns/mnt").st_ino == inode:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def veth_bytes(host: Host, ifname: str) -> int:
+    """rx + tx bytes the kernel counted on one interface of `host`: what really crossed the wire."""
+    out = host.run("cat", f"/sys/class/net/{ifname}/statistics/rx_bytes", f"/sys/class/net/{ifname}/statistics/tx_bytes")
+    return sum(int(x) for x in out.stdout.split())
 
 
 def lab_leftovers(tag: str, pids: list[int] = ()) -> list[str]:

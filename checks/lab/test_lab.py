@@ -69,6 +69,28 @@ def test_ssh_to_worker_with_strict_host_keys(lab):
     assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
 
 
+def test_the_worker_is_a_machine_of_its_own(lab):
+    """No sparkstack there, its own HOME (a size-limited tmpfs the head cannot see into), sshd on the fabric too."""
+    proc = lab.ssh("python3", "-c", "import sparkstack", check=False)
+    assert proc.returncode != 0 and "No module named 'sparkstack'" in proc.stderr
+    marker = Path.home() / f".sparkstack-lab-{lab.tag}"
+    marker.write_text("written on the head\n")
+    try:
+        assert lab.ssh("test", "-e", str(marker), check=False).returncode == 1
+        assert lab.ssh("printenv", "HOME").stdout.strip() == "/root"
+        fs = lab.ssh("stat", "-f", "-c", "%T %b %S", "/root").stdout.split()
+        assert fs[0] == "tmpfs" and int(fs[1]) * int(fs[2]) == lab.worker.home_mib << 20
+        lab.ssh("sh", "-c", "echo mine > /root/only-here")
+        assert not (Path.home() / "only-here").exists() or (Path.home() / "only-here").read_text() != "mine\n"
+    finally:
+        marker.unlink()
+    # The same host key answers on the fabric address, checked under the management name (HostKeyAlias).
+    proc = lab.head.run("ssh", "-F", str(lab.ssh_config), "-o", f"HostName={FABRIC['worker']}",
+                        "-o", f"HostKeyAlias={lab.worker.mgmt_ip}", "worker", "cat /proc/net/fib_trie", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert FABRIC["worker"] in proc.stdout
+
+
 def test_rsync_copies_a_tree_and_a_second_run_sends_nothing(lab):
     src = lab.root / "rsync-src"
     (src / "sub").mkdir(parents=True)

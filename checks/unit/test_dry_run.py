@@ -48,6 +48,8 @@ INVOCATIONS = {
     ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"],
                    ["0", "--probe", "--gates", "{launch}"]], False),
     ("plan", "kv"): ([[]], True),
+    # ssh runs the helper here (the stand-in); under --dry-run it may only ask docker version/inspect and read.
+    ("ship",): ([["rank1", "--image", "{base}"], ["rank1", "--image", "{base}", "--no-weights", "--streams", "1"]], False),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 

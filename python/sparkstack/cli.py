@@ -594,6 +594,160 @@ def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
     click.echo(f"page unification: {'ok' if pu.ok else 'unknown' if pu.ok is None else 'FAILS'}: {pu.reason}")
 
 
+# ---------------------------------------------------------------- ship
+
+
+@main.command()
+@click.argument("hosts", nargs=-1)
+@click.option("--recipe", default=None, help="Recipe name or path (its worker nodes, model, drafter, image, HF_HOME).")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config.")
+@click.option("--image", "image_arg", default=None,
+              help="A built OCI layout, or a config digest in the head's sparkstack store. Default: the image launch would run.")
+@click.option("--no-image", is_flag=True, help="Ship no image.")
+@click.option("--model", "models", multiple=True, metavar="CACHE_NAME",
+              help="A cache entry to ship (repeatable). Default: the recipe's model and drafter.")
+@click.option("--no-weights", is_flag=True, help="Ship no cache entries.")
+@click.option("--streams", type=click.IntRange(1, 64), default=None,
+              help="ssh streams per host, one blob each at a time (default: the core count, at most 8).")
+@click.option("--via", type=click.Choice(["fabric", "mgmt"]), default=None,
+              help="Connect on the fabric address (same host key) or the management one. Default: fabric where known.")
+@click.option("--platform", default=None, help="Platform to ship when the image holds several.")
+@click.option("--dry-run", is_flag=True, help="Ask each host (read-only) what it holds and print what would go.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def ship(hosts, recipe, ssh_config, image_arg, no_image, models, no_weights, streams, via, platform, dry_run,
+         as_json) -> None:
+    """Send each host only the image and weight blobs it lacks, verified on arrival; then load and link there."""
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.recipe import load_recipe
+    from sparkstack.remote import Runner
+    from sparkstack.ship import apply_ship, default_streams, entries_to_ship, plan_with_probe, remember_image, resolve_image
+    from sparkstack.ship.local import default_entries, local_hub, targets_from
+
+    if no_image and image_arg:
+        raise UsageError("--image and --no-image contradict each other")
+    if no_weights and models:
+        raise UsageError("--model and --no-weights contradict each other")
+    launch_plan = build_plan(load_recipe(recipe), os.environ)
+    targets = targets_from(launch_plan, tuple(hosts), via, ssh_config)
+    head = Runner(docker_host=launch_plan.ranks[0].docker_host)
+    image = None if no_image else resolve_image(image_arg or launch_plan.image, image_arg is not None, head, platform)
+    entries = () if no_weights else entries_to_ship(local_hub(launch_plan), tuple(models) or default_entries(launch_plan))
+    plan = plan_with_probe(image, entries, targets, streams or default_streams(os.cpu_count()), readonly=dry_run)
+    if dry_run:
+        _print_json(plan.to_json()) if as_json else _render_ship_plan(plan)
+        failed = [h for h in plan.hosts if h.error]
+        if failed:
+            _fail("; ".join(f"{h.target.host}: {h.error}" for h in failed))
+        return
+    note = remember_image(image) if image is not None else None
+    with _multi_progress({h.target.host: h.bytes_to_send for h in plan.hosts if not h.error}) as advance:
+        result = apply_ship(plan, on_progress=advance)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        for line in _ship_result_lines(plan, result):
+            click.echo(line)
+        if note:
+            click.echo(f"head: image {image.config_digest[:19]} {note}")
+    if result.failed:
+        _fail("; ".join(f"{h.host}: {h.error}" for h in result.failed))
+
+
+def _render_ship_plan(plan) -> None:
+    if plan.image:
+        click.echo(f"image {plan.image.config_digest} ({plan.image.name or 'untagged'}) from {plan.image.path}")
+    for e in plan.entries:
+        click.echo(f"entry {e.name} @ {e.layout.revision}: {len(e.blobs)} blobs, "
+                   f"{human_bytes(sum(b.size for b in e.blobs))}")
+    for h in plan.hosts:
+        t = h.target
+        where = f"{t.host} (via {t.via}{' ' + t.runner.hostname if t.runner.hostname else ''})"
+        if h.error:
+            click.echo(f"{where}: error: {h.error}")
+            continue
+        if h.up_to_date:
+            click.echo(f"{where}: up to date")
+            continue
+        click.echo(f"{where}: {human_bytes(h.bytes_to_send)} to send")
+        if h.image:
+            if h.image.already_loaded:
+                click.echo("  image: already loaded" + (", would tag" if h.image.tag_only else ""))
+            else:
+                held = f" ({len(h.image.in_docker)} layers held by its docker)" if h.image.in_docker else ""
+                click.echo(f"  image: send {len(h.image.send)} blobs ({human_bytes(h.image.bytes_to_send)}), "
+                           f"{len(h.image.present)} there{held}; then load from the host's store")
+        for w in h.weights:
+            if not w.needs_finish:
+                click.echo(f"  {w.entry.name}: up to date ({len(w.present)} blobs there)")
+                continue
+            todo = [] if w.snapshot_current and w.ref_current else ["rebuild snapshot links and refs/main"]
+            click.echo(f"  {w.entry.name}: send {len(w.send)} blobs ({human_bytes(w.bytes_to_send)}), "
+                       f"{len(w.present)} there" + (f"; {todo[0]}" if todo else ""))
+        for at, need, free in h.room:
+            click.echo(f"  room on {at}: {human_bytes(need)} needed, {human_bytes(free)} free")
+
+
+def _ship_result_lines(plan, result) -> list[str]:
+    lines = []
+    for h in result.hosts:
+        if h.error:
+            lines.append(f"{h.host}: error: {h.error}")
+            continue
+        i = h.image
+        quiet = (i is None or (i.already_loaded and not i.tagged)) and all(
+            w.blobs_sent == 0 and w.snapshot == "up to date" and w.ref == "up to date" for w in h.weights)
+        if quiet:
+            lines.append(f"{h.host}: up to date")
+            continue
+        if i:
+            what = ("already loaded" + (", tagged" if i.tagged else "")) if i.already_loaded else \
+                ("loaded into docker" if i.loaded else "not loaded")
+            lines.append(f"{h.host}: image {i.config_digest[:19]}: sent {i.blobs_sent} blobs "
+                         f"({human_bytes(i.bytes_sent)}), {i.blobs_present} already there; {what}")
+        for w in h.weights:
+            lines.append(f"{h.host}: {w.entry} @ {w.revision[:12]}: sent {w.blobs_sent} blobs "
+                         f"({human_bytes(w.bytes_sent)}), {w.blobs_present} already there; snapshot {w.snapshot}")
+        lines.append(f"{h.host}: done in {h.seconds:.1f} s")
+    return lines
+
+
+class _multi_progress:
+    """One rich bar per host and one for the total, on stderr, only on a terminal. Yields advance(host, n)."""
+
+    def __init__(self, totals: dict[str, int]) -> None:
+        self.totals = totals
+        self.enabled = sys.stderr.isatty() and sum(totals.values()) > 0
+        self._bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        import threading
+
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        self._bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                             TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                             transient=True)
+        self._bar.start()
+        tasks = {host: self._bar.add_task(host, total=n) for host, n in self.totals.items()}
+        total = self._bar.add_task("total", total=sum(self.totals.values()))
+        lock = threading.Lock()
+
+        def advance(host: str, n: int) -> None:
+            with lock:  # streams of every host report from their own threads
+                self._bar.advance(tasks[host], n)
+                self._bar.advance(total, n)
+
+        return advance
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
 class StdoutClosed(Exception):
     """Our stdout's reader went away. Not an OSError, so no error handler mistakes it for a failed operation."""
 

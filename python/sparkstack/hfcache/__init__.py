@@ -282,3 +282,73 @@ def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[
     (entry / ".sparkstack").mkdir(exist_ok=True)
     for name, data in bookkeeping.items():
         fsio.write_atomic(entry / ".sparkstack" / name, data)
+
+
+# ---------------------------------------------------------------- shipping an entry to another host
+
+_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+_SHA1_NAME = re.compile(r"[0-9a-f]{40}")
+
+
+def blob_algorithm(name: str) -> str:
+    """How a hub blob's name proves its bytes: LFS blobs are named by their sha256, small files by their git blob sha1."""
+    if _SHA256_NAME.fullmatch(name):
+        return "sha256"
+    if _SHA1_NAME.fullmatch(name):
+        return "git-sha1"
+    raise SparkstackError(f"{name!r}: not a hub blob name (64-hex sha256 or 40-hex git sha1)")
+
+
+def hub_of(hf_home: str) -> str:
+    """The hub dir under an HF_HOME, as text (a remote `~` stays for the far side to expand)."""
+    return hf_home.rstrip("/") + "/hub"
+
+
+@dataclass(frozen=True)
+class EntryLayout:
+    """Where one revision of an entry lives, relative to its hub: what a copy elsewhere must rebuild.
+
+    `links` are (relpath in the snapshot, blob name, relative link target). Everything here is
+    the hub's own layout, stated once so that a receiver needs no knowledge of it."""
+
+    name: str
+    revision: str
+    blobs_dir: str
+    snapshot_dir: str
+    ref_file: str
+    lock_file: str  # huggingface_hub keeps its locks under hub/.locks/<entry>/
+    links: tuple[tuple[str, str, str], ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "revision": self.revision, "blobs_dir": self.blobs_dir, "snapshot": self.snapshot_dir,
+                "ref": self.ref_file, "lock": self.lock_file, "links": [list(l) for l in self.links]}
+
+
+@dataclass(frozen=True)
+class EntryBlob:
+    name: str
+    algorithm: str
+    size: int
+    path: Path  # the blob file on this machine
+
+
+def entry_for_copy(hub: Path, name: str) -> tuple[EntryLayout, tuple[EntryBlob, ...]]:
+    """One cache entry at refs/main, as blobs plus the layout that names them. Every snapshot file must
+    be a proper link into the entry's blobs (a copied-in real file has no content name to ship by)."""
+    repo_id_from_folder(name)
+    if "/" in name or name in (".", ".."):
+        raise SparkstackError(f"{name!r}: not a cache entry name")
+    entry = hub / name
+    if not (entry / "snapshots").is_dir():
+        raise SparkstackError(f"{entry}: no such cache entry (no snapshots/ dir)")
+    source = resolve_source(entry)
+    links, blobs = [], {}
+    for f in source.files:
+        if f.blob is None:
+            raise SparkstackError(f"{source.model_dir / f.relpath}: not a link into {entry}/blobs; cannot ship it by content")
+        algorithm = blob_algorithm(f.blob)
+        links.append((f.relpath, f.blob, snapshot_link_target(f.relpath, f.blob)))
+        blobs[f.blob] = EntryBlob(f.blob, algorithm, f.size, f.path)
+    layout = EntryLayout(name, source.revision, f"{name}/blobs", f"{name}/snapshots/{source.revision}",
+                         f"{name}/refs/main", f".locks/{name}/sparkstack-ship.lock", tuple(links))
+    return layout, tuple(blobs[b] for b in sorted(blobs))
