@@ -136,6 +136,17 @@ def _render_strip_plan(plan) -> None:
     click.echo(f"bytes to write: {human_bytes(plan.bytes_to_write)}; bytes freed: {human_bytes(plan.bytes_freed)}")
 
 
+def _transfer_bar():
+    """A started rich Progress on stderr with bytes, speed and time left; gone when stopped."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    bar.start()
+    return bar
+
+
 class _progress:
     """A rich progress bar on stderr, shown only on a terminal; yields an `advance(n)` callback."""
 
@@ -147,13 +158,7 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return None
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-        self._bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                             TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
-                             transient=True)
-        self._bar.start()
+        self._bar = _transfer_bar()
         task = self._bar.add_task(self.label, total=self.total)  # None: size unknown up front
         return lambda n: self._bar.advance(task, n)
 
@@ -725,13 +730,7 @@ class _multi_progress:
             return None
         import threading
 
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-        self._bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                             TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
-                             transient=True)
-        self._bar.start()
+        self._bar = _transfer_bar()
         tasks = {host: self._bar.add_task(host, total=n) for host, n in self.totals.items()}
         total = self._bar.add_task("total", total=sum(self.totals.values()))
         lock = threading.Lock()
