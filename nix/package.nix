@@ -13,6 +13,7 @@ let
     prometheus-client
     tomlkit
     plumbum
+    matplotlib
   ];
   # The test extra, for checks.unit and the dev shell.
   test = with python3Packages; [ pytest hypothesis safetensors numpy torch ];

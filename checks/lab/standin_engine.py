@@ -1,16 +1,25 @@
-"""A STAND-IN for the vLLM engine, for the two-host lab. It serves no model.
+"""A STAND-IN for the vLLM engine, for the two-host lab and the unit tests. It serves no model.
 
-It takes the engine's argv as vLLM would, and:
+As a script (inside a lab container) it takes the engine's argv as vLLM would, and:
 - records its argv and environment as JSON to $STANDIN_RECORD (default /tmp/standin-record.json);
 - prints log lines like the engine's, including the boot lines launch looks for;
 - serves /health after $STANDIN_HEALTH_DELAY seconds, or never ("never"), or dies instead ("die");
 - as a headless rank, dies after $STANDIN_HEADLESS_DIE_AFTER seconds when that is set;
-- serves /metrics with vLLM's spec-decode counter names, and /v1/chat/completions (streaming too).
+- serves /metrics and /v1/chat/completions as `Behaviour` (below) says, from STANDIN_* variables.
+Unit tests run the same server in-process: `Engine(Behaviour(...)).start()`.
+
+Decoding is simulated step by step, as vLLM's spec decode does it: the first output token comes from the prefill;
+each later step is one draft of `num_speculative_tokens` tokens of which the acceptance pattern's next count is
+accepted, so the step emits accepted + 1 tokens and advances the counters exactly as vLLM defines them
+(drafts += 1, draft_tokens += n, accepted += a, accepted_per_pos[i] += 1 for every i < a). Each request starts the
+pattern afresh and runs `cycles` whole passes of it, so a block's figures follow from the pattern alone.
 Only the Python standard library is used: it runs on any base with python3.
 """
 
+import dataclasses
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -24,9 +33,7 @@ BOOT_LINES = [
     "Breakable CUDA graph enabled",
     "Graph capturing finished",
 ]
-STARTED = time.monotonic()
-COUNTERS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0, 0, 0, 0]}
-LOCK = threading.Lock()
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo")
 
 
 def arg(name, default=None):
@@ -46,40 +53,232 @@ def spec_tokens():
         return 4
 
 
-def metrics_text():
-    """The exposition prometheus_client writes for vLLM's counters: HELP/TYPE name the `_total` series."""
-    n = spec_tokens()
-    with LOCK:
-        c = dict(COUNTERS, per_pos=list(COUNTERS["per_pos"]))
-    series = [("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [({}, c["drafts"])]),
-              ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [({}, c["draft_tokens"])]),
-              ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [({}, c["accepted"])]),
-              ("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
-               [({"position": str(i)}, c["per_pos"][i] if i < 4 else 0) for i in range(n)])]
-    lines = []
-    for name, help_text, samples in series:
-        lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"]
-        for labels, value in samples:
-            text = ",".join(f'{k}="{v}"' for k, v in {"model_name": "standin", **labels}.items())
-            lines.append(f"{name}_total{{{text}}} {float(value)}")
-    return "\n".join(lines) + "\n"
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """What the stand-in does. Every field has a STANDIN_<FIELD> variable (see `from_env`)."""
+    model: str = "standin"
+    spec_tokens: int = 4
+    accept_pattern: tuple = (4, 2, 1, 0)  # accepted drafts per step, cycling; (0,) is vLLM #53030's fault
+    cycles: int = 3                       # whole passes of the pattern per request (then finish_reason "stop")
+    step_delay: float = 0.002             # seconds per decode step
+    delay_sequence: tuple = ()            # step delay per burst (a burst starts when a request finds the engine idle)
+    role_delay: float = 0.0               # seconds between the role-only first chunk and the first token
+    reasoning_tokens: int = 0             # tokens of reasoning before the content
+    reasoning_field: str = "reasoning"    # or the older "reasoning_content"
+    reasoning_fault: str = ""             # "merge": reasoning leaks into content inside <think> markup
+    tool_fault: str = ""                  # "leak": <tool_call> markup in content; "args": wrong arguments
+    no_usage: bool = False                # ignore stream_options.include_usage
+    no_mm: bool = False                   # refuse image parts, as vLLM does without chat_template_mm.jinja
+    fffd: bool = False                    # a U+FFFD in every content (vLLM #54150's symptom)
+    metrics: str = "full"                 # "full", "no-spec" (no spec-decode counters) or "none" (404)
+    prefix_cache: bool = True             # a repeated prompt counts as prefix-cache hits
+    busy: int = 0                         # requests reported running besides our own
+    fail_every: int = 0                   # every n-th chat request answers HTTP 500
+    malformed: bool = False               # streams send a chunk that is not JSON
+    hang: bool = False                    # chat requests never answer
+    counters: tuple = ()                  # (name, value) pairs the counters start from
+
+    @classmethod
+    def from_env(cls, env) -> "Behaviour":
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        given = {}
+        for name, kind in kinds.items():
+            raw = env.get("STANDIN_" + name.upper())
+            if raw is None or raw == "":
+                continue
+            if kind == "tuple" and name == "counters":
+                given[name] = tuple(json.loads(raw).items())
+            elif kind == "tuple":
+                given[name] = tuple((float if name == "delay_sequence" else int)(x) for x in raw.split(","))
+            elif kind == "bool":
+                given[name] = raw not in ("0", "false", "no")
+            else:
+                given[name] = {"int": int, "float": float}.get(kind, str)(raw)
+        return cls(**given)
 
 
-def record_step():
-    # A deterministic acceptance profile: position i accepted on 1 draft in (i + 2).
-    with LOCK:
-        COUNTERS["drafts"] += 1
-        COUNTERS["draft_tokens"] += spec_tokens()
-        k = COUNTERS["drafts"]
-        for i in range(4):
-            if k % (i + 2) == 0:
-                COUNTERS["per_pos"][i] += 1
-                COUNTERS["accepted"] += 1
+def _usage(prompt_tokens, completion_tokens):
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _first_json_object(text):
+    """The first {...} in a prompt that parses as JSON: what the tool call's arguments should be."""
+    for m in re.finditer(r"\{", text):
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[m.start():])
+            return obj
+        except ValueError:
+            continue
+    return {}
+
+
+def _prompt_text(messages):
+    parts = []
+    for m in messages if isinstance(messages, list) else []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [p.get("text", "") for p in content if isinstance(p, dict)]
+    return "\n".join(parts)
+
+
+def _has_image(messages):
+    return any(isinstance(p, dict) and p.get("type") == "image_url"
+               for m in (messages if isinstance(messages, list) else []) if isinstance(m, dict)
+               for p in (m.get("content") if isinstance(m.get("content"), list) else []))
+
+
+class ClientGone(Exception):
+    """The client hung up mid-stream: stop decoding for it."""
+
+
+class Engine:
+    """The serving state: counters, running requests and bursts, behind one lock."""
+
+    def __init__(self, behaviour=None):
+        self.b = behaviour or Behaviour()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "prompt_tokens": 0, "generation_tokens": 0,
+                  "prefix_queries": 0, "prefix_hits": 0, "preemptions": 0, "requests": 0}
+        self.c.update(dict(self.b.counters))
+        self.per_pos = [0] * self.b.spec_tokens
+        self.running = 0
+        self.bursts = -1
+        self.seen_prompts = set()
+        self.server = None
+        self.started = time.monotonic()
+        self.health_after = 0.0  # seconds after start; None: never healthy
+        self.unhealthy = False   # a test flips it to make /health flap
+
+    # -- bookkeeping
+    def admit(self, prompt):
+        with self.lock:
+            self.c["requests"] += 1
+            if self.running == 0:
+                self.bursts += 1
+            self.running += 1
+            tokens = max(1, len(prompt) // 4)
+            self.c["prompt_tokens"] += tokens
+            self.c["prefix_queries"] += tokens
+            if self.b.prefix_cache and prompt in self.seen_prompts:
+                self.c["prefix_hits"] += tokens
+            self.seen_prompts.add(prompt)
+            seq = self.b.delay_sequence
+            delay = seq[self.bursts % len(seq)] if seq else self.b.step_delay
+            return self.c["requests"], tokens, delay
+
+    def leave(self):
+        with self.lock:
+            self.running -= 1
+
+    def record_step(self, accepted):
+        with self.lock:
+            self.c["drafts"] += 1
+            self.c["draft_tokens"] += self.b.spec_tokens
+            self.c["accepted"] += accepted
+            for i in range(min(accepted, self.b.spec_tokens)):
+                self.per_pos[i] += 1
+
+    def record_tokens(self, n):
+        with self.lock:
+            self.c["generation_tokens"] += n
+
+    # -- decoding
+    def steps(self, max_tokens, delay):
+        """Yield each step's tokens: the prefill's one token, then accepted + 1 per draft, until the cycles or
+        max_tokens end. Counters move before the step's tokens are sent, as the engine's do."""
+        pattern = self.b.accept_pattern
+        budget = max(1, max_tokens)
+        yield 1
+        sent = 1
+        for k in range(len(pattern) * self.b.cycles):
+            if sent >= budget or self.stopping.is_set():
+                return
+            time.sleep(delay)
+            a = pattern[k % len(pattern)]
+            self.record_step(a)
+            n = min(a + 1, budget - sent)
+            sent += n
+            yield n
+
+    def metrics_text(self):
+        """The exposition prometheus_client writes for vLLM's metrics: counters under their `_total` names."""
+        if self.b.metrics == "none":
+            return None
+        with self.lock:
+            c, per_pos, running = dict(self.c), list(self.per_pos), self.running + self.b.busy
+        labels = {"model_name": self.b.model, "engine": "0"}
+        families = [
+            ("vllm:num_requests_running", "gauge", [({}, running)]),
+            ("vllm:num_requests_waiting", "gauge", [({}, 0)]),
+            ("vllm:kv_cache_usage_perc", "gauge", [({}, min(1.0, running / 64))]),
+            ("vllm:prefix_cache_queries", "counter", [({}, c["prefix_queries"])]),
+            ("vllm:prefix_cache_hits", "counter", [({}, c["prefix_hits"])]),
+            ("vllm:prompt_tokens", "counter", [({}, c["prompt_tokens"])]),
+            ("vllm:generation_tokens", "counter", [({}, c["generation_tokens"])]),
+            ("vllm:num_preemptions", "counter", [({}, c["preemptions"])]),
+        ]
+        if self.b.metrics != "no-spec":
+            families += [
+                ("vllm:spec_decode_num_drafts", "counter", [({}, c["drafts"])]),
+                ("vllm:spec_decode_num_draft_tokens", "counter", [({}, c["draft_tokens"])]),
+                ("vllm:spec_decode_num_accepted_tokens", "counter", [({}, c["accepted"])]),
+                ("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+                 [({"position": str(i)}, v) for i, v in enumerate(per_pos)]),
+            ]
+        lines = []
+        for name, kind, samples in families:
+            exposed = name + "_total" if kind == "counter" else name
+            lines += [f"# HELP {exposed} {name} (stand-in)", f"# TYPE {exposed} {kind}"]
+            for extra, value in samples:
+                text = ",".join(f'{k}="{v}"' for k, v in {**labels, **extra}.items())
+                lines.append(f"{exposed}{{{text}}} {float(value)}")
+        return "\n".join(lines) + "\n"
+
+    # -- serving
+    def healthy(self):
+        return (not self.unhealthy and self.health_after is not None
+                and time.monotonic() - self.started >= self.health_after)
+
+    def start(self, host="127.0.0.1", port=0):
+        self.stopping.clear()
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.server.engine = self
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self):
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self):
+        self.stopping.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
     def log_message(self, *a):
         pass
+
+    @property
+    def engine(self):
+        return self.server.engine
 
     def _send(self, code, body, ctype="application/json"):
         data = body.encode() if isinstance(body, str) else body
@@ -89,45 +288,160 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _error(self, code, message):
+        self._send(code, json.dumps({"error": {"message": message, "type": "BadRequestError", "code": code}}))
+
     def do_GET(self):
         if self.path == "/health":
-            healthy = HEALTH_DELAY is not None and time.monotonic() - STARTED >= HEALTH_DELAY
+            healthy = self.engine.healthy()
             self._send(200 if healthy else 503, "" if healthy else '{"error": "engine starting"}')
         elif self.path == "/metrics":
-            self._send(200, metrics_text(), "text/plain; version=0.0.4")
+            text = self.engine.metrics_text()
+            if text is None:
+                self._send(404, '{"detail": "Not Found"}')
+            else:
+                self._send(200, text, "text/plain; version=0.0.4; charset=utf-8")
         elif self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": arg("--served-model-name", "standin"), "object": "model"}]}))
+            self._send(200, json.dumps({"object": "list", "data": [{"id": self.engine.b.model, "object": "model"}]}))
         else:
             self._send(404, '{"error": "not found"}')
 
     def do_POST(self):
+        length = int(self.headers.get("Content-Length", 0))
+        raw = self.rfile.read(length)
         if self.path != "/v1/chat/completions":
             self._send(404, '{"error": "not found"}')
             return
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        words = ["The", " stand-in", " engine", " says", " hello", "."][: max(1, int(body.get("max_tokens", 6)))]
-        model = arg("--served-model-name", "standin")
-        for _ in words:
-            record_step()
-        if not body.get("stream"):
-            self._send(200, json.dumps({
-                "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(words)}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}}))
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._error(400, "request body is not JSON")
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for i, w in enumerate(words):
-            chunk = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": model, "choices": [{"index": 0, "delta": ({"role": "assistant"} if i == 0 else {}) | {"content": w},
-                                                  "finish_reason": None}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        engine = self.engine
+        prompt = _prompt_text(body.get("messages"))
+        number, prompt_tokens, delay = engine.admit(prompt)
+        try:
+            if engine.b.hang:
+                engine.stopping.wait()
+                return
+            if engine.b.fail_every and number % engine.b.fail_every == 0:
+                self._error(500, "stand-in failure, as asked")
+            elif engine.b.no_mm and _has_image(body.get("messages")):
+                self._error(400, "the chat template has no image support")
+            elif body.get("tools") and body.get("tool_choice", "auto") != "auto":
+                self._error(400, 'only tool_choice "auto" is supported by the glm47 tool parser')
+            else:
+                self._complete(body, prompt, prompt_tokens, delay)
+        except ClientGone:
+            pass
+        finally:
+            engine.leave()
+
+    def _pieces(self, body, delay):
+        """The output as (field, text) pieces, one per step: reasoning first, then content or a tool call."""
+        b = self.engine.b
+        tools = body.get("tools") or []
+        count = 0
+        for n in self.engine.steps(int(body.get("max_tokens") or 16), delay):
+            words = [WORDS[(count + i) % len(WORDS)] for i in range(n)]
+            text = "".join(" " + w for w in words)
+            count += n
+            if count - n < b.reasoning_tokens:
+                yield n, "reasoning", text
+            elif tools:
+                yield n, "tool", text
+            else:
+                yield n, "content", text
+
+    def _tool_call(self, body, prompt):
+        fn = (body["tools"][0] or {}).get("function", {})
+        args = _first_json_object(prompt)
+        if self.engine.b.tool_fault == "args":
+            args = {"unexpected": True}
+        return fn.get("name", "tool"), json.dumps(args)
+
+    def _complete(self, body, prompt, prompt_tokens, delay):
+        b = self.engine.b
+        stream = bool(body.get("stream"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not b.no_usage
+        created = int(time.time())
+        head = {"id": "chatcmpl-standin", "created": created, "model": b.model}
+
+        def chunk(delta, finish=None):
+            return {**head, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        if stream:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")  # as uvicorn streams
+            self.end_headers()
+            self._event(chunk({"role": "assistant", "content": ""}))
+            if b.role_delay:
+                time.sleep(b.role_delay)
+        reasoning, content, tool_args_sent, completion = [], [], False, 0
+        name, args = self._tool_call(body, prompt) if body.get("tools") else (None, None)
+        for n, field, text in self._pieces(body, delay):
+            completion += n
+            self.engine.record_tokens(n)
+            if field == "reasoning":
+                reasoning.append(text)
+                delta = {b.reasoning_field: text}
+                if b.reasoning_fault == "merge":
+                    delta = {"content": ("<think>" if len(reasoning) == 1 else "") + text}
+            elif field == "tool":
+                if tool_args_sent:
+                    continue
+                tool_args_sent = True
+                if b.tool_fault == "leak":
+                    delta = {"content": f"<tool_call>{name}\n{args}</tool_call>"}
+                    content.append(delta["content"])
+                else:
+                    delta = {"tool_calls": [{"index": 0, "id": "call_standin", "type": "function",
+                                             "function": {"name": name, "arguments": args}}]}
+            else:
+                if b.fffd and not content:
+                    text = "\ufffd" + text
+                content.append(text)
+                delta = {"content": text}
+            if stream:
+                if b.malformed:
+                    self._raw("data: {\"choices\": [ this is not json\n\n")
+                    self._raw("")
+                    return
+                self._event(chunk(delta))
+        finish = "tool_calls" if tool_args_sent and b.tool_fault != "leak" else "stop"
+        if not stream:
+            message = {"role": "assistant", "content": "".join(content) or None}
+            if reasoning:
+                if b.reasoning_fault == "merge":
+                    message["content"] = "<think>" + "".join(reasoning) + "</think>" + (message["content"] or "")
+                else:
+                    message[b.reasoning_field] = "".join(reasoning)
+            if tool_args_sent and b.tool_fault != "leak":
+                message["tool_calls"] = [{"id": "call_standin", "type": "function",
+                                          "function": {"name": name, "arguments": args}}]
+            self._send(200, json.dumps({**head, "object": "chat.completion",
+                                        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                                        "usage": _usage(prompt_tokens, completion)}))
+            return
+        self._event(chunk({}, finish))
+        if include_usage:
+            self._event({**head, "object": "chat.completion.chunk", "choices": [],
+                         "usage": _usage(prompt_tokens, completion)})
+        self._raw("data: [DONE]\n\n")
+        self._raw("")  # the last chunk
+
+    def _event(self, doc):
+        self._raw(f"data: {json.dumps(doc)}\n\n")
+
+    def _raw(self, text):
+        data = text.encode()
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
-        done = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
-                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-        self.wfile.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
-        self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            raise ClientGone from None
 
 
 def main():
@@ -156,9 +470,13 @@ def main():
         while True:
             time.sleep(3600)
     port = int(arg("--port", "8000"))
-    server = ThreadingHTTPServer((arg("--host", "0.0.0.0"), port), Handler)
+    behaviour = dataclasses.replace(Behaviour.from_env(os.environ), model=arg("--served-model-name", "standin"),
+                                    spec_tokens=spec_tokens())
+    engine = Engine(behaviour)
+    engine.health_after = HEALTH_DELAY
+    engine.start(arg("--host", "0.0.0.0"), port)
     log(f"Starting API server on port {port}")
-    server.serve_forever()
+    engine.stopping.wait()
 
 
 HEALTH_DELAY = None

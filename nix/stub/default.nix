@@ -297,6 +297,7 @@ let
     prometheus-client = hostPy "prometheus-client" "prometheus_client";
     tomlkit = hostPy "tomlkit" "tomlkit";
     plumbum = hostPy "plumbum" "plumbum";
+    matplotlib = hostPy "matplotlib" "matplotlib";
     pytest = hostPy "pytest" "pytest";
     hypothesis = hostPy "hypothesis" "hypothesis";
     safetensors = hostPy "safetensors" "safetensors";
