@@ -1,0 +1,1 @@
+"""Measure a served stack: the fixed prompt suite, bench blocks, and run-to-run comparison."""
