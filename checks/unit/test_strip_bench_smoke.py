@@ -19,6 +19,6 @@ def test_strip_bench_runs_and_reports_disk_use(tmp_path):
     # The old way copies the whole entry; ours allocates only the rewritten shard (plus small files).
     assert r["a_old"]["extra_disk"] >= r["input"]["bytes"] - 4 * MIB
     assert r["b_sparkstack"]["extra_disk"] <= 1.05 * r["input"]["rewritten_shard_bytes"]
-    for key in ("ratio_a_over_b", "ratio_b_minus_startup_over_c"):
-        assert r[key] > 0
+    # Times are reported, never judged here: a loaded machine can make (b - start-up) round to 0.
+    assert r["ratio_a_over_b"] > 0 and r["ratio_b_minus_startup_over_c"] >= 0
     assert list(tmp_path.iterdir()) == []  # the bench cleans up after itself
