@@ -11,6 +11,8 @@ def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     buf = b""
     pending_cr = False  # a chunk ended in \r: a \n starting the next one belongs to the same terminator
     for chunk in chunks:
+        if not chunk:  # an empty read must not forget a pending \r
+            continue
         if pending_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]
         pending_cr = False
