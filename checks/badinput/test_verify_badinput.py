@@ -2,7 +2,6 @@
 where a variable NAME belongs is never echoed."""
 
 import pytest
-
 from inprocess_engine import serving
 
 SECRET = "sk-live-7d1e0c55aa"

@@ -31,9 +31,9 @@ class VerifyPlan:
     def lines(self) -> list[str]:
         model = self.model or "the first of /v1/models"
         key = "set" if self.api_key_set else "not set: no key is sent"
-        head = [f"would verify {self.url} asking {model}; API key from ${self.api_key_env} ({key}); "
-                f"at most {self.timeout_s:g} s in all"]
-        return head + [f"{'required' if c.required else 'warn-only':<9} {c.name}: {c.asks}" for c in self.checks]
+        head = (f"would verify {self.url} asking {model}; API key from ${self.api_key_env} ({key}); "
+                f"at most {self.timeout_s:g} s in all")
+        return [head] + [f"{'required' if c.required else 'warn-only':<9} {c.name}: {c.asks}" for c in self.checks]
 
 
 @dataclass(frozen=True)
