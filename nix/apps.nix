@@ -1,7 +1,7 @@
 # One app per CLI command that exists today, each a thin wrapper over the CLI. `launch` and `ship` pass
 # the image this flake built (its store path) as --image, so `nix run .#launch -- 0` runs exactly it and
 # `nix run .#ship` sends exactly it; a dry run builds it too, because the tag comes from its config digest.
-# Not wired, because the commands do not exist yet: verify (top-level), bench.
+# Not wired, because the command does not exist yet: bench.
 { pkgs, sparkstack, image }:
 let
   app = name: args: {
@@ -20,4 +20,5 @@ in
   image = app "image" "image";
   launch = app "launch" "launch --image ${image}";
   ship = app "ship" "ship --image ${image}";
+  verify = app "verify" "verify";
 }

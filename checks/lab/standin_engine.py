@@ -77,10 +77,11 @@ class Behaviour:
     malformed: bool = False               # streams send a chunk that is not JSON
     hang: bool = False                    # chat requests never answer
     counters: tuple = ()                  # (name, value) pairs the counters start from
+    api_key: str = ""                     # /v1/ requests need "Authorization: Bearer <key>", as vLLM's --api-key
 
     @classmethod
     def from_env(cls, env) -> "Behaviour":
-        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        kinds = {f.name: getattr(f.type, "__name__", f.type) for f in dataclasses.fields(cls)}  # a type, not its name
         given = {}
         for name, kind in kinds.items():
             raw = env.get("STANDIN_" + name.upper())
@@ -152,6 +153,7 @@ class Engine:
         self.started = time.monotonic()
         self.health_after = 0.0  # seconds after start; None: never healthy
         self.unhealthy = False   # a test flips it to make /health flap
+        self.requests_seen = []  # (method, path, Authorization header or None) of every request, in order
 
     # -- bookkeeping
     def admit(self, prompt):
@@ -291,7 +293,19 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, code, message):
         self._send(code, json.dumps({"error": {"message": message, "type": "BadRequestError", "code": code}}))
 
+    def _refused(self):
+        """Record the request; answer 401 (True) where vLLM's --api-key would."""
+        auth = self.headers.get("Authorization")
+        self.engine.requests_seen.append((self.command, self.path, auth))
+        key = self.engine.b.api_key
+        if key and self.path.startswith("/v1/") and auth != f"Bearer {key}":
+            self._send(401, '{"error": "Unauthorized"}')
+            return True
+        return False
+
     def do_GET(self):
+        if self._refused():
+            return
         if self.path == "/health":
             healthy = self.engine.healthy()
             self._send(200 if healthy else 503, "" if healthy else '{"error": "engine starting"}')
@@ -309,6 +323,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
         raw = self.rfile.read(length)
+        if self._refused():
+            return
         if self.path != "/v1/chat/completions":
             self._send(404, '{"error": "not found"}')
             return

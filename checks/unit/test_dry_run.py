@@ -24,6 +24,7 @@ import hostfix
 import imagefix as fx
 import standins
 import synth
+from inprocess_engine import serving
 from registry_standin import Standin, fixture_repo
 from clirun import sparkstack_cmd
 from sparkstack.cli import main
@@ -50,6 +51,8 @@ INVOCATIONS = {
     ("plan", "kv"): ([[]], True),
     # ssh runs the helper here (the stand-in); under --dry-run it may only ask docker version/inspect and read.
     ("ship",): ([["rank1", "--image", "{base}"], ["rank1", "--image", "{base}", "--no-weights", "--streams", "1"]], False),
+    # verify only asks the API stand-in (world's engine); under --dry-run it may not even ask (checked below).
+    ("verify",): ([["{engine_url}"]], True),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 
@@ -127,7 +130,9 @@ def world(tmp_path):
     for knob in ("VLLM_API_KEY", "SPARKSTACK_RECIPES", "SPARKSTACK_OVERLAY_SRC"):
         w["env"][knob] = ""
     w["env"]["SPARKSTACK_REGISTRY_MIRROR"] = standin.url
-    yield w
+    with serving() as engine:  # the API server commands that verify, bench or watch an endpoint talk to
+        w.update(engine=engine, engine_url=engine.url)
+        yield w
     standin.stop()
 
 
@@ -206,6 +211,7 @@ def test_dry_run_acts_on_nothing_and_the_real_run_acts(world, path, case):
     assert "Traceback" not in proc.stderr, proc.stderr
     acts = [c for c in recorded(world) if not is_read_only(c)]
     assert acts == [], f"--dry-run acted: {acts}"
+    assert world["engine"].requests_seen == [], "--dry-run sent requests to the API server"
     after = snapshot(world)
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     assert changed == [], f"--dry-run changed files: {changed[:5]}"

@@ -747,6 +747,38 @@ class _multi_progress:
             self._bar.stop()
 
 
+# ---------------------------------------------------------------- verify
+
+
+@main.command("verify")
+@click.argument("url")
+@click.option("--model", default=None, help="Model to ask (default: the first one /v1/models lists).")
+@click.option("--api-key-env", default="VLLM_API_KEY", show_default=True, metavar="VAR",
+              help="Environment variable holding the API key; a key never goes on the command line.")
+@click.option("--timeout", type=FiniteFloat(0.1, 86400), default=300.0, show_default=True,
+              help="Seconds for the whole run; each request waits at most what is left of it.")
+@click.option("--dry-run", is_flag=True, help="Print the checks it would run; send no request.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"checks": [{"check", "status", "detail"}]}.')
+@one_line_errors
+def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
+    """Prove a served endpoint works: /health, chat, streamed usage, a tool call, the reasoning split and spec
+    decode (required); an image part, a U+FFFD probe and the prefix cache (warn only). Exit 1 if a required
+    check fails."""
+    from sparkstack.verify import plan_verify, run_verify, verdict
+
+    plan = plan_verify(url, model, api_key_env, os.environ, timeout)
+    if dry_run:
+        _print_json(plan.to_json()) if as_json else click.echo("\n".join(plan.lines()))
+        return
+    results = run_verify(plan, os.environ.get(plan.api_key_env) or None,
+                         on_result=None if as_json else lambda r: click.echo(r.line()))
+    if as_json:
+        _print_json({"checks": [r.to_json() for r in results]})
+    failed = verdict(results)
+    if failed:
+        _fail(failed)
+
+
 class StdoutClosed(Exception):
     """Our stdout's reader went away. Not an OSError, so no error handler mistakes it for a failed operation."""
 

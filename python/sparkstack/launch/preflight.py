@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack.checkline import check_line
 from sparkstack.hfcache import snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
@@ -39,8 +40,7 @@ class Check:
     rank: int | None = None
 
     def line(self) -> str:
-        where = f"[rank {self.rank}] " if self.rank is not None else ""
-        return f"{self.status:<4}  {where}{self.name}: {self.detail}"
+        return check_line(self.status, self.name, self.detail, f"[rank {self.rank}] " if self.rank is not None else "")
 
     def to_json(self) -> dict:
         return {"check": self.name, "status": self.status, "detail": self.detail, "rank": self.rank}

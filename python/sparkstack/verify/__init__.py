@@ -1,0 +1,9 @@
+"""`sparkstack verify URL`: prove a served OpenAI-compatible vLLM endpoint does what the stack needs.
+
+checks.py holds the checks as data (required or warn-only) with their probes; run.py plans (pure) and runs them,
+returning frozen results."""
+
+from .checks import CHECKS, Check
+from .run import Result, VerifyPlan, plan_verify, run_verify, verdict
+
+__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "plan_verify", "run_verify", "verdict"]

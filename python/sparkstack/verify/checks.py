@@ -1,0 +1,305 @@
+"""What `verify` asks a served endpoint, as data: each check is a name, whether it is required, one line saying
+what it asks (for --dry-run), and a probe. A probe returns its pass detail, or raises `CheckFailed` (or the
+client's EndpointError) with the failure detail; the runner (run.py) turns that into pass, warn or fail.
+
+Prompts are fixed so that runs compare. Token budgets leave room for a reasoning model (GLM's glm45 parser) to
+think before it answers or calls the tool.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..endpoint import metrics
+from ..endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult
+from ..launch.preflight import CHAT_TEMPLATE
+
+
+class CheckFailed(Exception):
+    """A check's failure detail, one line."""
+
+
+class OutOfTime(CheckFailed):
+    """The run's --timeout ran out before or during this check."""
+
+
+class Session:
+    """What the checks share during one run: the endpoint, the model asked, the deadline, and whether the server
+    was found unreachable (then the later checks are not run)."""
+
+    def __init__(self, endpoint: Endpoint, model: str | None, timeout_s: float) -> None:
+        self._endpoint = endpoint
+        self.url = endpoint.url
+        self.model = model
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.unreachable: str | None = None
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def endpoint(self) -> Endpoint:
+        """The endpoint, its per-request timeout cut to what is left of the run's, so that --timeout bounds the run."""
+        left = self.left_s()
+        if left <= 0:
+            raise OutOfTime(f"the --timeout of {self.timeout_s:g} s ran out")
+        self._endpoint.timeout = left
+        return self._endpoint
+
+    def body(self, content: str | list, max_tokens: int, **extra) -> dict:
+        return {"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                **extra}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    required: bool
+    asks: str  # what it sends and expects, one line
+    probe: Callable[[Session], str]
+    needs_model: bool = True
+
+    def to_json(self) -> dict:
+        return {"check": self.name, "required": self.required, "asks": self.asks}
+
+
+# ---------------------------------------------------------------- fixed inputs
+
+CHAT_PROMPT = "In one short sentence: what is a lighthouse for?"
+SPEC_PROMPT = "Write a short paragraph on how a lighthouse lens focuses light."
+REASONING_PROMPT = "What is 17 * 23? Think it through, then give the number alone."
+TOOL_NAME = "get_weather"
+TOOL_ARGS = {"city": "Paris", "unit": "celsius"}
+TOOL_PROMPT = f"What is the weather like? Call {TOOL_NAME} with exactly these arguments: {json.dumps(TOOL_ARGS)}"
+TOOLS = [{"type": "function", "function": {
+    "name": TOOL_NAME, "description": "The current weather in a city.",
+    "parameters": {"type": "object", "required": ["city", "unit"], "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}]
+TOOL_MARKUP = ("<tool_call>", "</tool_call>")
+THINK_MARKUP = ("<think>", "</think>")
+# Chinese, Russian and Japanese: multi-byte tokens are where corrupted token ids (vLLM #54150) show as U+FFFD.
+FFFD_PROMPT = ("请把这句话原样重复一遍：「春眠不觉晓，处处闻啼鸟。」 Затем переведи её на русский язык. "
+               "最後に日本語で一度だけ書いてください。")
+FFFD_PASSES = 3
+# Long enough to fill whole KV blocks even at --block-size 2304: vLLM's prefix cache hits only whole blocks.
+LONG_PROMPT = "Read this list, then reply with the single word ok.\n" + "\n".join(
+    f"{i}. Lighthouse number {i} stands on a rocky point and turns its lamp once every {i % 7 + 3} seconds."
+    for i in range(1, 401))
+IMAGE_PROMPT = "What colour fills this image? One word."
+TEXT_PREVIEW = 40
+
+
+def solid_png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A PNG of one colour (8-bit RGB, no filter), written with the standard library."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+IMAGE_PNG = solid_png(64, 64, (220, 30, 30))
+
+
+# ---------------------------------------------------------------- reading answers
+
+def _preview(text: str) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= TEXT_PREVIEW else text[:TEXT_PREVIEW - 3] + "...")
+
+
+def _message(doc: dict) -> tuple[dict, str | None]:
+    """choices[0].message and its finish_reason, or a failure naming what is missing."""
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise CheckFailed("the answer has no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise CheckFailed("the answer's choices[0] has no message")
+    return message, choices[0].get("finish_reason")
+
+
+def _text(message: dict, *fields: str) -> str:
+    return "".join(v for f in fields if isinstance(v := message.get(f), str))
+
+
+def _scrape(session: Session) -> metrics.Scrape:
+    scrape = session.endpoint().scrape()
+    if scrape is None:
+        raise CheckFailed("the server has no /metrics (HTTP 404)")
+    return scrape
+
+
+# ---------------------------------------------------------------- probes
+
+def probe_health(session: Session) -> str:
+    healthy, detail = session.endpoint().health(timeout=min(5.0, session.left_s()))
+    if not healthy:  # detail: "HTTP 503", or why no answer came (it names the URL)
+        raise CheckFailed(f"GET /health: {detail}" if detail.startswith("HTTP ") else detail)
+    return f"GET /health: {detail}"
+
+
+def probe_models(session: Session) -> str:
+    served = session.endpoint().models()
+    if not served:
+        raise CheckFailed("/v1/models lists no model")
+    if session.model is None:
+        session.model = served[0]
+        return f"asking {session.model} (the first of {len(served)} served)"
+    if session.model not in served:
+        raise CheckFailed(f"{session.model!r} is not served; /v1/models lists {', '.join(map(repr, served[:5]))}")
+    return f"asking {session.model} (served)"
+
+
+def probe_chat(session: Session) -> str:
+    message, finish = _message(session.endpoint().chat(session.body(CHAT_PROMPT, 256)))
+    content = _text(message, "content")
+    if not content and not _text(message, *REASONING_FIELDS):
+        raise CheckFailed(f"the answer carries no text (finish_reason {finish!r})")
+    return f"finish_reason {finish}, content {_preview(content)}"
+
+
+def probe_stream_usage(session: Session) -> str:
+    r = session.endpoint().stream_chat(session.body(CHAT_PROMPT, 256, stream_options={"include_usage": True}))
+    if r.first_token_s is None:
+        raise CheckFailed(f"{r.chunks} chunks and [DONE], but no text")
+    tokens = (r.usage or {}).get("completion_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        raise CheckFailed(f"no usage chunk before [DONE] ({r.chunks} chunks; stream_options.include_usage was asked)")
+    return f"{r.chunks} chunks, then usage ({tokens} completion tokens) and [DONE]"
+
+
+def probe_tool_call(session: Session) -> str:
+    r = session.endpoint().stream_chat(session.body(TOOL_PROMPT, 1024, tools=TOOLS, tool_choice="auto"))
+    problems = []
+    if r.finish_reason != "tool_calls":
+        problems.append(f"finish_reason {r.finish_reason!r}, not 'tool_calls'")
+    if len(r.tool_calls) != 1:
+        problems.append(f"{len(r.tool_calls)} tool calls, not 1")
+    else:
+        call = r.tool_calls[0]
+        if call["name"] != TOOL_NAME:
+            problems.append(f"called {call['name']!r}, not {TOOL_NAME!r}")
+        try:
+            args = json.loads(call["arguments"])
+        except ValueError:
+            problems.append(f"arguments are not JSON: {_preview(call['arguments'])}")
+        else:
+            if args != TOOL_ARGS:
+                problems.append(f"arguments {json.dumps(args)[:80]}, not {json.dumps(TOOL_ARGS)}")
+    if any(tag in r.content for tag in TOOL_MARKUP):
+        problems.append("<tool_call> markup leaked into content (is --tool-call-parser glm47 set?)")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return f"{TOOL_NAME}({r.tool_calls[0]['arguments']}), finish_reason tool_calls"
+
+
+def _reasoning_leak(r: StreamResult) -> str | None:
+    tags = [tag for tag in THINK_MARKUP if tag in r.content]
+    if tags:
+        return f"{'/'.join(tags)} markup in content: reasoning leaked into the answer (is --reasoning-parser set?)"
+    return None
+
+
+def probe_reasoning(session: Session) -> str:
+    """Kept apart: reasoning comes only in `reasoning` (or `reasoning_content`), and content carries no think
+    markup. An answer without reasoning passes when its content is free of that markup: the model may not think."""
+    r = session.endpoint().stream_chat(session.body(REASONING_PROMPT, 1024))
+    leak = _reasoning_leak(r)
+    if leak:
+        raise CheckFailed(leak)
+    if not r.reasoning:
+        return f"no reasoning in this answer; content {_preview(r.content)} carries no think markup"
+    return f"{len(r.reasoning)} chars of reasoning in `{r.reasoning_field}`, content apart: {_preview(r.content)}"
+
+
+def probe_spec_decode(session: Session) -> str:
+    before = _scrape(session)
+    if not metrics.has_spec(before):
+        raise CheckFailed(f"no spec-decode counters on /metrics ({metrics.DRAFTS}): speculative decoding is off")
+    r = session.endpoint().stream_chat(session.body(SPEC_PROMPT, 256))
+    delta = metrics.spec_delta(before, _scrape(session))
+    if delta is None:
+        raise CheckFailed(f"the spec-decode counters ({metrics.DRAFTS}) went away after a request")
+    if delta.drafts <= 0:
+        raise CheckFailed(f"no drafts during a {r.output_tokens}-token answer: the drafter is not running")
+    if delta.collapsed:
+        raise CheckFailed(f"acceptance length {delta.acceptance_length:.2f} over {delta.drafts:g} drafts: "
+                          "every draft rejected (vLLM #53030)")
+    rates = "/".join(f"{p:.2f}" for p in delta.per_position)
+    return (f"acceptance length {delta.acceptance_length:.2f} over {delta.drafts:g} drafts"
+            + (f", per position {rates}" if rates else ""))
+
+
+def probe_image(session: Session) -> str:
+    url = "data:image/png;base64," + base64.b64encode(IMAGE_PNG).decode()
+    parts = [{"type": "text", "text": IMAGE_PROMPT}, {"type": "image_url", "image_url": {"url": url}}]
+    hint = f"image parts need {CHAT_TEMPLATE} in the weights dir"
+    try:
+        message, finish = _message(session.endpoint().chat(session.body(parts, 256)))
+    except EndpointError as exc:
+        if exc.kind.startswith("http_"):
+            raise CheckFailed(f"{exc}; {hint}") from None
+        raise
+    content = _text(message, "content")
+    if not content and not _text(message, *REASONING_FIELDS):
+        raise CheckFailed(f"no text for an image part (finish_reason {finish!r}); {hint}")
+    return f"answered an image part: {_preview(content)}"
+
+
+def probe_fffd(session: Session) -> str:
+    found, affected, chars = 0, 0, 0
+    for _ in range(FFFD_PASSES):
+        message, _ = _message(session.endpoint().chat(session.body(FFFD_PROMPT, 256, temperature=0)))
+        text = _text(message, "content", *REASONING_FIELDS)
+        chars += len(text)
+        found += text.count("\ufffd")
+        affected += "\ufffd" in text
+    if found:
+        raise CheckFailed(f"{found} U+FFFD in {affected} of {FFFD_PASSES} passes: corrupted token ids "
+                          "(vLLM #54150, intermittent)")
+    return f"no U+FFFD in {FFFD_PASSES} passes ({chars} chars) at temperature 0"
+
+
+def probe_prefix_cache(session: Session) -> str:
+    before = _scrape(session)
+    if before.get(metrics.PREFIX_HITS) is None:
+        raise CheckFailed(f"no {metrics.PREFIX_HITS} on /metrics")
+    for _ in range(2):
+        usage = session.endpoint().chat(session.body(LONG_PROMPT, 1)).get("usage")
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    after = _scrape(session)
+    hits = (after.get(metrics.PREFIX_HITS) or 0.0) - before.get(metrics.PREFIX_HITS)
+    queries = (after.get(metrics.PREFIX_QUERIES) or 0.0) - (before.get(metrics.PREFIX_QUERIES) or 0.0)
+    size = f"a {prompt_tokens}-token prompt" if isinstance(prompt_tokens, int) else "a long prompt"
+    if hits <= 0:
+        raise CheckFailed(f"sending {size} twice raised no {metrics.PREFIX_HITS} "
+                          "(is --enable-prefix-caching on?)")
+    return f"sending {size} twice: +{hits:g} hit tokens of +{queries:g} queried"
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("health", True, "GET /health answers 200", probe_health, needs_model=False),
+    Check("models", True, "GET /v1/models lists the model (--model, else the first listed is asked)", probe_models,
+          needs_model=False),
+    Check("chat", True, "a chat completion answers with text", probe_chat),
+    Check("stream-usage", True, "a streamed chat ends with a usage chunk (stream_options.include_usage) and [DONE]",
+          probe_stream_usage),
+    Check("tool-call", True, f'tool_choice "auto": finish_reason tool_calls, one call to {TOOL_NAME} with '
+          f"{json.dumps(TOOL_ARGS)}, no <tool_call> markup in content", probe_tool_call),
+    Check("reasoning", True, "reasoning only in `reasoning`/`reasoning_content`, no think markup in content",
+          probe_reasoning),
+    Check("spec-decode", True, "after a streamed chat, /metrics shows drafts > 0 and acceptance length > 1.05",
+          probe_spec_decode),
+    Check("image", False, f"a chat with an image part answers (else {CHAT_TEMPLATE} is missing)", probe_image),
+    Check("fffd", False, f"a fixed non-Latin prompt at temperature 0, {FFFD_PASSES} passes: no U+FFFD (vLLM #54150)",
+          probe_fffd),
+    Check("prefix-cache", False, f"a long prompt sent twice raises {metrics.PREFIX_HITS}", probe_prefix_cache),
+)

@@ -1,0 +1,110 @@
+"""The verify plan (pure: the URL, the model, where the key comes from, the checks) and the runner (I/O)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..checkline import check_line
+from ..endpoint.client import Endpoint, EndpointError, base_url
+from ..errors import SparkstackError, UsageError
+from .checks import CHECKS, Check, CheckFailed, OutOfTime, Session
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    url: str
+    model: str | None  # None: the first model /v1/models lists
+    api_key_env: str
+    api_key_set: bool
+    timeout_s: float
+    checks: tuple[Check, ...]
+
+    def to_json(self) -> dict:
+        return {"url": self.url, "model": self.model, "api_key_env": self.api_key_env,
+                "api_key_set": self.api_key_set, "timeout_s": self.timeout_s,
+                "checks": [c.to_json() for c in self.checks]}
+
+    def lines(self) -> list[str]:
+        model = self.model or "the first of /v1/models"
+        key = "set" if self.api_key_set else "not set: no key is sent"
+        head = (f"would verify {self.url} asking {model}; API key from ${self.api_key_env} ({key}); "
+                f"at most {self.timeout_s:g} s in all")
+        return [head] + [f"{'required' if c.required else 'warn-only':<9} {c.name}: {c.asks}" for c in self.checks]
+
+
+@dataclass(frozen=True)
+class Result:
+    check: str
+    status: str  # pass | warn | fail
+    detail: str
+    required: bool
+
+    def line(self) -> str:
+        return check_line(self.status, self.check, self.detail)
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "status": self.status, "detail": self.detail}
+
+
+def plan_verify(url: str, model: str | None, api_key_env: str, env: Mapping[str, str], timeout_s: float) -> VerifyPlan:
+    """The plan; `env` is only asked whether the key's variable is set."""
+    if not ENV_NAME.fullmatch(api_key_env):
+        # never echo it: a key given here by mistake must not reach the terminal or a log
+        raise UsageError("--api-key-env takes the NAME of an environment variable (letters, digits, _), not a key")
+    if model is not None and not model.strip():
+        raise UsageError("--model must not be empty")
+    return VerifyPlan(base_url(url), model, api_key_env, bool(env.get(api_key_env)), timeout_s, CHECKS)
+
+
+def run_verify(plan: VerifyPlan, api_key: str | None,
+               on_result: Callable[[Result], None] | None = None) -> tuple[Result, ...]:
+    """Every check in order, each a Result as it finishes; the whole run ends within the plan's timeout."""
+    endpoint = Endpoint(plan.url, api_key, plan.timeout_s)
+    session = Session(endpoint, plan.model, plan.timeout_s)
+    results = []
+    try:
+        for check in plan.checks:
+            passed, detail = _run_one(check, session, plan.api_key_env)
+            if api_key:
+                detail = detail.replace(api_key, "***")  # a server may echo what it was sent
+            result = Result(check.name, "pass" if passed else "fail" if check.required else "warn", detail,
+                            check.required)
+            if on_result:
+                on_result(result)
+            results.append(result)
+    finally:
+        endpoint.close()
+    return tuple(results)
+
+
+def _run_one(check: Check, session: Session, api_key_env: str) -> tuple[bool, str]:
+    if session.unreachable:
+        return False, f"not run: {session.unreachable}"
+    if check.needs_model and session.model is None:
+        return False, "not run: no model to ask (see models)"
+    try:
+        return True, check.probe(session)
+    except OutOfTime as exc:
+        return False, f"not run: {exc}"
+    except CheckFailed as exc:
+        return False, str(exc)
+    except EndpointError as exc:
+        if exc.kind == "connect":
+            session.unreachable = f"no connection to {session.url} (see {check.name})"
+        if exc.kind in ("http_401", "http_403"):
+            return False, f"{exc} (the key is read from ${api_key_env})"
+        return False, str(exc)
+    except SparkstackError as exc:  # e.g. /metrics that is not Prometheus text
+        return False, str(exc)
+
+
+def verdict(results: tuple[Result, ...]) -> str | None:
+    """None when every required check passed; else the one line that says which did not."""
+    failed = [r.check for r in results if r.required and r.status == "fail"]
+    if not failed:
+        return None
+    return f"verify: {len(failed)} required check(s) failed: {', '.join(failed)}"
