@@ -7,6 +7,7 @@ stand-in answers `image inspect` with $STANDIN_IMAGE_ID (or $STANDIN_REMOTE_IMAG
 empty value means "No such image" (exit 1). A container's org.sparkstack.rank label is the digits its name ends in
 after "rank" (launch's default names), else absent.
 
+With STANDIN_REMOTE_RECORD_LOG set, what the ssh stand-in runs records there instead.
 Where a setting has a remote twin, STANDIN_REMOTE_X wins over STANDIN_X on a "remote" call:
 - nvidia-smi answers `--query-gpu=a,b` (csv, no header) from STANDIN_GPU_<A> (field upper-cased, '.' -> '_';
   defaults: persistence_mode Enabled, clocks.current.graphics 1200), and a `-pm 1` it was given (kept in
@@ -31,7 +32,8 @@ with open(os.environ["RECORD_LOG"], "a") as log:
 if name == "ssh":
     args = sys.argv[1:]
     command = args[args.index("--") + 1]
-    sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1")))
+    remote_log = os.environ.get("STANDIN_REMOTE_RECORD_LOG", os.environ["RECORD_LOG"])
+    sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1", RECORD_LOG=remote_log)))
 
 
 def setting(key, default=None):

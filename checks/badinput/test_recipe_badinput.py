@@ -20,6 +20,13 @@ CASES = {
     "blocked without reason": (lambda t: t.replace('status = "ok"', 'status = "blocked"'), "needs blocked_reason"),
     "bad status": (lambda t: t.replace('status = "ok"', 'status = "maybe"'), "status must be"),
     "not toml": (lambda t: t + "\n[[[", "not valid TOML"),
+    "clock cap reversed": (lambda t: 'clock_cap = "2000,0"\n' + t, "clock_cap='2000,0' is not MIN,MAX"),
+    "clock cap of one number": (lambda t: 'clock_cap = "2000"\n' + t, "clock_cap='2000' is not MIN,MAX"),
+    "clock cap as an option": (lambda t: 'clock_cap = "-r,2000"\n' + t, "is not MIN,MAX"),
+    "clock cap of zero": (lambda t: 'clock_cap = "0,0"\n' + t, "is not MIN,MAX"),
+    "gpu memory not a number": (lambda t: 'gpu_memory_gib = "121"\n' + t, "gpu_memory_gib must be a number"),
+    "gpu memory nan": (lambda t: "gpu_memory_gib = nan\n" + t, "gpu_memory_gib=nan is not"),
+    "gpu memory zero": (lambda t: "gpu_memory_gib = 0\n" + t, "gpu_memory_gib=0 is not"),
     "bad speculative config": (lambda t: t.replace('{"method":"dflash","num_speculative_tokens":4}', '{method: dflash}'), "not JSON"),
 }
 

@@ -561,8 +561,7 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
     if memory_guard is not None:
         from sparkstack.launch.guard import memory_guard as make_guard
 
-        guard = make_guard(runners, [r.rank for r in selected], str(host_root.absolute()), memory_guard,
-                           health_attempts * health_interval, say)
+        guard = make_guard(runners, [r.rank for r in selected], str(host_root.absolute()), memory_guard, say)
     try:
         record, boot = launch_apply.launch(plan, runners, [r.rank for r in selected], timeouts, dict(os.environ),
                                            say, drop=drop_caches, on_poll=guard)
@@ -575,6 +574,8 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
         _print_json({"record": str(record), "boot": None if boot is None else boot.__dict__,
                      "memory_guard": None if guard is None else guard.fired})
     else:
+        if guard is not None:
+            click.echo(f"memory guard: stopped with the boot watch; acted {len(guard.fired)} time(s)")
         click.echo(f"run record: {record}")
 
 

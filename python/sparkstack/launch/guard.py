@@ -19,6 +19,7 @@ from sparkstack.tune.facts import GIB, read_meminfo
 
 COMPACT = ("sysctl", "-w", "vm.compact_memory=1")
 COOLDOWN_S = 30.0  # after acting on a rank, let the loader run before judging that rank again
+DEADLINE_S = 1800.0  # twice a cold boot (FACTS.md §7): by then the engine holds its memory, or the boot has failed
 
 
 @dataclass
@@ -72,10 +73,10 @@ class MemoryGuard:
 
 
 def memory_guard(runners: dict[int, Runner], ranks: list[int], host_root: str, threshold_gib: float,
-                 budget_s: float, on_event: Callable[[str], None]) -> MemoryGuard:
-    """A guard over `ranks`, acting as root (`sudo -n` where the user is not) until `budget_s` from now."""
+                 on_event: Callable[[str], None], deadline_s: float = DEADLINE_S) -> MemoryGuard:
+    """A guard over `ranks`, acting as root (`sudo -n` where the user is not), for `deadline_s` from now."""
     guarded = {}
-    guard = MemoryGuard(guarded, host_root, int(threshold_gib * GIB), time.monotonic() + budget_s, on_event)
+    guard = MemoryGuard(guarded, host_root, int(threshold_gib * GIB), time.monotonic() + deadline_s, on_event)
     for rank in ranks:
         try:
             guarded[rank] = replace(runners[rank], sudo=not runners[rank].is_root())
