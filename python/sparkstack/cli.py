@@ -614,7 +614,7 @@ def _tune_lines(plan) -> list[str]:
     for r in plan.ranks:
         who = f"rank {r.rank} ({r.host}, {r.where}{', sudo -n' if r.sudo else ''})"
         lines.append(f"{who}: up to date" if r.up_to_date else f"{who}:")
-        lines += [f"  {s.name}: {s.now} -> {s.want}: {s.by_hand}" for s in r.steps]
+        lines += [f"  {s.name}: {s.now} -> {s.want}" for s in r.steps]
         lines += [f"  problem: {p}" for p in r.problems]
         lines += [f"  note: {n}" for n in r.notes]
     return lines

@@ -138,6 +138,7 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
     # A lock set while persistence mode was off may be gone with the driver's last client: set it again.
     if stamped != clock_cap or off or over:
         now = (f"graphics clock {max(over)} MHz, above the cap" if over else
+               "persistence mode off: a cap may not have held" if off else
                f"{stamped}, set this boot" if stamped else "no cap set by sparkstack tune since boot")
         if facts.boot_id is None:
             notes.append(f"cannot read the boot id under {facts.root}: the clock cap cannot be recorded")
