@@ -4,19 +4,16 @@ End to end through the CLI with recording stand-ins (the worker through the ssh 
 /health and one chat chunk; and the guard alone, with a recording runner and a clock of the test's own.
 """
 
-import http.server
 import json
 import os
-import socket
 import subprocess
-import threading
 from pathlib import Path
 
-import pytest
-
 import hostfix
+import pytest
 import standins
 from clirun import sparkstack_cmd
+from headfix import free_port, serve
 from sparkstack.launch.guard import MemoryGuard
 from sparkstack.remote import Runner
 
@@ -24,37 +21,11 @@ MEM_FREE_KIB = hostfix.MEMINFO["MemFree"]
 DROP, COMPACT = ["sysctl", "-w", "vm.drop_caches=3"], ["sysctl", "-w", "vm.compact_memory=1"]
 
 
-def healthy_head() -> tuple[http.server.HTTPServer, int]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            body = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n'
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, port
-
-
 @pytest.mark.parametrize("guard,fires", [("--memory-guard=120", True), ("--memory-guard", False)])
 def test_guard_acts_on_each_rank_under_the_threshold_and_not_above(tmp_path, guard, fires):
     """MemFree is 112.5 GiB (hostfix): under 120 GiB both ranks get a drop and a compaction; above 8 GiB nothing."""
-    server, port = healthy_head()
+    port = free_port()
+    server = serve(port, b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n')
     standins.install(tmp_path / "bin")
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", RECORD_LOG=str(tmp_path / "head.jsonl"),
                STANDIN_REMOTE_RECORD_LOG=str(tmp_path / "worker.jsonl"), HF_HOME=str(hostfix.write_hub(tmp_path / "hf")),
@@ -63,7 +34,7 @@ def test_guard_acts_on_each_rank_under_the_threshold_and_not_above(tmp_path, gua
         proc = subprocess.run(sparkstack_cmd() + ["launch", "all", guard, "--json", "--host-root",
                                                   str(hostfix.write_host(tmp_path / "root")), "--worker-delay", "0",
                                                   "--health-interval", "0", "--health-attempts", "3"],
-                              capture_output=True, text=True, env=env, timeout=120)
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
     finally:
         server.shutdown()
     assert proc.returncode == 0, proc.stderr
