@@ -161,7 +161,7 @@ def test_free_memory_by_vllms_rule_prints_both_numbers(run_cli, world, tmp_path,
     """MemAvailable against gpu-memory-utilization x the recipe's gpu_memory_gib: 0.5 x 100 GiB = 50 GiB."""
     root, _ = world
     recipe = tmp_path / "recipe.toml"
-    recipe.write_text("gpu_memory_gib = 100\n" + RECIPE.read_text())
+    recipe.write_text(RECIPE.read_text().replace("gpu_memory_gib = 121.69", "gpu_memory_gib = 100"))
     available_kib = 50 * 2**20 - (1 if below else 0)
     (root / "proc/meminfo").write_text(f"MemAvailable: {available_kib} kB\n")
     checks = preflight(run_cli, world, "--recipe", recipe, env={"GPU_MEM_UTIL": "0.5"})

@@ -184,7 +184,7 @@ def test_persisted_value_follows_systemd_precedence(world):
 
 def test_clock_cap_comes_from_the_recipe_and_a_clock_above_it_is_capped_again(world, tmp_path):
     recipe = tmp_path / "recipe.toml"
-    recipe.write_text('clock_cap = "300,2200"\n' + RECIPE.read_text())
+    recipe.write_text(RECIPE.read_text().replace('clock_cap = "0,2000"', 'clock_cap = "300,2200"'))
     assert tune(world, "0", "--recipe", recipe).returncode == 0
     assert ["nvidia-smi", "-lgc", "300,2200"] in head_calls(world)
     forget(world)
