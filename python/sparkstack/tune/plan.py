@@ -16,7 +16,7 @@ from sparkstack.launch.plan import LaunchPlan
 from sparkstack.launch.preflight import runner_for
 from sparkstack.launch.report import select_ranks
 from sparkstack.remote import Runner
-from sparkstack.tune import facts as host
+from sparkstack.tune import facts as hostfacts
 from sparkstack.tune.facts import GIB, WRITTEN_BY, HostFacts
 
 PAGE_CACHE_DROP_BYTES = 2 * GIB  # less than this in the page cache is not worth a drop
@@ -107,14 +107,15 @@ def _swappiness_persisted(facts: HostFacts, problems: list[str]) -> Step | None:
     persisted = facts.persisted_swappiness
     if persisted is not None and persisted.value == "0":
         return None
-    ours = facts.path(host.SYSCTL_FILE)
+    ours = facts.path(hostfacts.SYSCTL_FILE)
     if facts.our_file is not None and not facts.our_file.startswith(WRITTEN_BY):
         problems.append(f"{ours} exists and sparkstack did not write it; left as it is: set vm.swappiness = 0 "
                         "there yourself, or move it away")
         return None
     # What is read after our file wins over it: /etc/sysctl.conf (procps reads it last), or a name sorting later.
-    later = [s for s in facts.swappiness_settings if s.value != "0" and (
-        s.file == facts.path(host.SYSCTL_CONF) or os.path.basename(s.file) > os.path.basename(host.SYSCTL_FILE))]
+    last_name, conf = os.path.basename(ours), facts.path(hostfacts.SYSCTL_CONF)
+    later = [s for s in facts.swappiness_settings
+             if s.value != "0" and (s.file == conf or os.path.basename(s.file) > last_name)]
     if later:
         problems.append(f"{later[-1].file} sets vm.swappiness = {later[-1].value} and is read after {ours}: "
                         "set 0 there yourself")
@@ -143,7 +144,8 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
         if facts.boot_id is None:
             notes.append(f"cannot read the boot id under {facts.root}: the clock cap cannot be recorded")
         cap = ("nvidia-smi", "-lgc", clock_cap)
-        stamp, _ = write_file(facts.path(host.CLOCK_STAMP), host.stamp_text(clock_cap, facts.boot_id or "unknown"))
+        text = hostfacts.stamp_text(clock_cap, facts.boot_id or "unknown")
+        stamp, _ = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
         steps.append(Step("clock-cap", now, clock_cap, (Command(cap), *stamp), _sudo(cap)))
     return steps
 
@@ -174,5 +176,5 @@ def plan_tune(plan: LaunchPlan, target: str, host_root: Path, ssh_config: Path |
         runner = runner_for(rank, ssh_config)
         sudo = not runner.is_root()
         runners[rank.rank] = replace(runner, sudo=sudo)
-        ranks.append(plan_rank(rank.rank, rank.host, host.read_facts(runner, root), sudo, plan.recipe.clock_cap))
+        ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), sudo, plan.recipe.clock_cap))
     return TunePlan(plan.recipe.name, plan.recipe.clock_cap, root, tuple(ranks)), runners
