@@ -21,8 +21,18 @@ ROUTE = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\
 TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 
 
-def write_host(root: Path) -> Path:
-    """A healthy Spark head, as far as /sys and /proc tell."""
+BOOT_ID = "5f0c7c2e-3d1b-4c55-9a8e-0d6f2a9b1c11"
+MEMINFO = {"MemTotal": 127000000, "MemFree": 118000000, "MemAvailable": 120000000, "Buffers": 100000,
+           "Cached": 900000, "Shmem": 200000}  # kB
+
+
+def meminfo(**kib: int) -> str:
+    return "".join(f"{k + ':':<16}{v:>9} kB\n" for k, v in {**MEMINFO, **kib}.items())
+
+
+def write_host(root: Path, tuned: bool = True) -> Path:
+    """A healthy Spark head, as far as /sys, /proc, /etc/sysctl.d and /run tell; `tuned=False`: one that
+    `sparkstack tune` has not seen (swappiness 60 and not persisted, no clock cap recorded)."""
     (root / f"sys/class/net/{NIC}").mkdir(parents=True)
     (root / f"sys/class/net/{NIC}/operstate").write_text("up\n")
     (root / f"sys/class/infiniband/{HCA}/device/net/{NIC}").mkdir(parents=True)
@@ -30,9 +40,17 @@ def write_host(root: Path) -> Path:
     (root / "proc/net/fib_trie").write_text(FIB_TRIE)
     (root / "proc/net/route").write_text(ROUTE)
     (root / "proc/net/tcp").write_text(TCP_HEADER)
-    (root / "proc/meminfo").write_text("MemTotal:       127000000 kB\nMemAvailable:   120000000 kB\n")
+    (root / "proc/meminfo").write_text(meminfo())
+    (root / "proc/swaps").write_text("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n")
     (root / "proc/sys/vm").mkdir(parents=True)
-    (root / "proc/sys/vm/swappiness").write_text("0\n")
+    (root / "proc/sys/vm/swappiness").write_text("0\n" if tuned else "60\n")
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text(BOOT_ID + "\n")
+    (root / "etc/sysctl.d").mkdir(parents=True)
+    if tuned:  # swappiness persisted by the admin's own file; the clock cap recorded as tune records it (README)
+        (root / "etc/sysctl.d/60-swappiness.conf").write_text("vm.swappiness=0\n")
+        (root / "run/sparkstack").mkdir(parents=True)
+        (root / "run/sparkstack/clock-cap").write_text(f"# cap\nclock_cap=0,2000\nboot_id={BOOT_ID}\n")
     return root
 
 

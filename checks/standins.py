@@ -1,17 +1,27 @@
-"""Recording stand-ins for the programs sparkstack drives (docker, podman, ssh, rsync, nvidia-smi, sysctl, sync).
+"""Recording stand-ins for the programs sparkstack drives (docker, podman, ssh, rsync, nvidia-smi, sysctl, sync,
+sudo, id).
 
 Each appends its argv as one JSON line to $RECORD_LOG. The ssh stand-in runs its remote command here, through
 the same stand-ins, with STANDIN_REMOTE=1 set, so a test can tell a worker's docker from the head's. The docker
 stand-in answers `image inspect` with $STANDIN_IMAGE_ID (or $STANDIN_REMOTE_IMAGE_ID on a "remote" call); an
 empty value means "No such image" (exit 1). A container's org.sparkstack.rank label is the digits its name ends in
 after "rank" (launch's default names), else absent.
+
+With STANDIN_REMOTE_RECORD_LOG set, what the ssh stand-in runs records there instead.
+Where a setting has a remote twin, STANDIN_REMOTE_X wins over STANDIN_X on a "remote" call:
+- nvidia-smi answers `--query-gpu=a,b` (csv, no header) from STANDIN_GPU_<A> (field upper-cased, '.' -> '_';
+  defaults: persistence_mode Enabled, clocks.current.graphics 1200), and a `-pm 1` it was given (kept in
+  $STANDIN_GPU_STATE, a file, when set). STANDIN_GPU=absent makes it "not installed" (exit 127).
+- sysctl `-w key=value` also writes value to $STANDIN_SYSCTL_ROOT/proc/sys/<key as a path> when that is set.
+- sudo -n runs its command, or with STANDIN_SUDO=refuse says a password is required (exit 1).
+- id -u prints STANDIN_UID (default: the real effective uid).
 """
 
 import json
 import sys
 from pathlib import Path
 
-PROGRAMS = ("docker", "podman", "ssh", "rsync", "nvidia-smi", "sysctl", "sync")
+PROGRAMS = ("docker", "podman", "ssh", "rsync", "nvidia-smi", "sysctl", "sync", "sudo", "id")
 DEFAULT_ID = "sha256:" + "ab" * 32
 
 RECORDER = r'''#!{python}
@@ -22,7 +32,50 @@ with open(os.environ["RECORD_LOG"], "a") as log:
 if name == "ssh":
     args = sys.argv[1:]
     command = args[args.index("--") + 1]
-    sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1")))
+    remote_log = os.environ.get("STANDIN_REMOTE_RECORD_LOG", os.environ["RECORD_LOG"])
+    sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1", RECORD_LOG=remote_log)))
+
+
+def setting(key, default=None):
+    if os.environ.get("STANDIN_REMOTE") == "1" and "STANDIN_REMOTE_" + key in os.environ:
+        return os.environ["STANDIN_REMOTE_" + key]
+    return os.environ.get("STANDIN_" + key, default)
+
+
+if name == "sudo":
+    args = sys.argv[1:]
+    if args[:1] == ["-n"]:
+        args = args[1:]
+    if setting("SUDO") == "refuse":
+        print("sudo: a password is required", file=sys.stderr)
+        sys.exit(1)
+    os.execvp(args[0], args)
+if name == "id":
+    print(setting("UID", str(os.geteuid())) if sys.argv[1:] == ["-u"] else "uid=0(root)")
+    sys.exit(0)
+if name == "nvidia-smi":
+    if setting("GPU") == "absent":
+        print("bash: line 1: nvidia-smi: command not found", file=sys.stderr)
+        sys.exit(127)
+    state_file = setting("GPU_STATE")
+    state = json.load(open(state_file)) if state_file and os.path.exists(state_file) else {}
+    args = sys.argv[1:]
+    if args[:2] == ["-pm", "1"] and state_file:
+        json.dump(dict(state, persistence_mode="Enabled"), open(state_file, "w"))
+    query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+    if query:
+        defaults = {"persistence_mode": "Enabled", "clocks.current.graphics": "1200"}
+        print(", ".join(state.get(f) or setting("GPU_" + f.upper().replace(".", "_"), defaults.get(f, "[N/A]"))
+                        for f in query.split(",")))
+    sys.exit(0)
+if name == "sysctl":
+    args = sys.argv[1:]
+    root = os.environ.get("STANDIN_SYSCTL_ROOT")
+    if root and args[:1] == ["-w"]:
+        key, _, value = args[1].partition("=")
+        with open(os.path.join(root, "proc/sys", key.replace(".", "/")), "w") as f:
+            f.write(value + "\n")
+    sys.exit(0)
 if name in ("docker", "podman"):
     args = sys.argv[1:]
     if args[:1] == ["-H"]:

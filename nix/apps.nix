@@ -21,4 +21,5 @@ in
   launch = app "launch" "launch --image ${image}";
   ship = app "ship" "ship --image ${image}";
   verify = app "verify" "verify";
+  tune = app "tune" "tune";
 }

@@ -20,6 +20,13 @@ CASES = {
     "blocked without reason": (lambda t: t.replace('status = "ok"', 'status = "blocked"'), "needs blocked_reason"),
     "bad status": (lambda t: t.replace('status = "ok"', 'status = "maybe"'), "status must be"),
     "not toml": (lambda t: t + "\n[[[", "not valid TOML"),
+    "clock cap reversed": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "2000,0"'), "clock_cap='2000,0' is not MIN,MAX"),
+    "clock cap of one number": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "2000"'), "clock_cap='2000' is not MIN,MAX"),
+    "clock cap as an option": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "-r,2000"'), "is not MIN,MAX"),
+    "clock cap of zero": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "0,0"'), "is not MIN,MAX"),
+    "gpu memory not a number": (lambda t: t.replace("gpu_memory_gib = 121.69", 'gpu_memory_gib = "121"'), "gpu_memory_gib must be a number"),
+    "gpu memory nan": (lambda t: t.replace("gpu_memory_gib = 121.69", "gpu_memory_gib = nan"), "gpu_memory_gib=nan is not"),
+    "gpu memory zero": (lambda t: t.replace("gpu_memory_gib = 121.69", "gpu_memory_gib = 0"), "gpu_memory_gib=0 is not"),
     "bad speculative config": (lambda t: t.replace('{"method":"dflash","num_speculative_tokens":4}', '{method: dflash}'), "not JSON"),
 }
 

@@ -31,7 +31,7 @@ from sparkstack.cli import main
 
 # Calls that only read. Anything else recorded under --dry-run is an act.
 READ_ONLY_DOCKER = {"inspect", "ps", "images", "logs", "version"}
-READ_ONLY_PROGRAMS = {"printenv"}
+READ_ONLY_PROGRAMS = {"printenv", "id"}
 
 
 # command path -> (argument lists, each run with and without --dry-run; True when the command never acts)
@@ -53,6 +53,8 @@ INVOCATIONS = {
     ("ship",): ([["rank1", "--image", "{base}"], ["rank1", "--image", "{base}", "--no-weights", "--streams", "1"]], False),
     # verify only asks the API stand-in (world's engine); under --dry-run it may not even ask (checked below).
     ("verify",): ([["{engine_url}"]], True),
+    # tune reads files, `id -u` and `nvidia-smi --query-gpu` under --dry-run; rank 1 over ssh, as a non-root user.
+    ("tune",): ([["--host-root", "{untuned_root}"], ["1", "--host-root", "{untuned_root}"]], False),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 
@@ -102,6 +104,7 @@ def world(tmp_path):
         overlay=fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2"),
         unpinned_overlay=fx.write_overlay(tmp_path / "overlay-unpinned"),
         host_root=hostfix.write_host(tmp_path / "hostroot"),
+        untuned_root=hostfix.write_host(tmp_path / "untuned-hostroot", tuned=False),
     )
     w["work"].mkdir()
     repos, served = fixture_repo(tmp_path / "registry")
@@ -126,6 +129,7 @@ def world(tmp_path):
         "HF_HOME": str(tmp_path / "hf"), "XDG_STATE_HOME": str(tmp_path / "state"),
         "XDG_CACHE_HOME": str(tmp_path / "cache"), "SPARKSTACK_CACHE_DIR": str(tmp_path / "cache" / "sparkstack"),
         "SPARKSTACK_STATE_DIR": str(tmp_path / "state" / "sparkstack"), "SOURCE_DATE_EPOCH": "0",
+        "STANDIN_REMOTE_UID": "1000",
     }
     for knob in ("VLLM_API_KEY", "SPARKSTACK_RECIPES", "SPARKSTACK_OVERLAY_SRC"):
         w["env"][knob] = ""
@@ -183,6 +187,8 @@ def is_read_only(call: list[str]) -> bool:
         return True  # its remote command is recorded (and judged) separately, as the stand-in runs it here
     if name in READ_ONLY_PROGRAMS:
         return True
+    if name == "nvidia-smi":
+        return all(a.startswith(("--query-gpu=", "--format=")) for a in args)
     if name not in ("docker", "podman"):  # podman's version/inspect/images read like docker's
         return False
     if args[:1] == ["-H"]:

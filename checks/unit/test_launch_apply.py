@@ -1,46 +1,14 @@
 """launch apply against recording stand-ins: a head that is healthy but streams garbage fails with one clear line."""
 
-import http.server
 import json
 import os
-import socket
 import subprocess
-import threading
-
-import pytest
 
 import hostfix
+import pytest
 import standins
 from clirun import sparkstack_cmd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(port: int, chat_body: bytes) -> http.server.HTTPServer:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(chat_body)))
-            self.end_headers()
-            self.wfile.write(chat_body)
-
-    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+from headfix import free_port, serve
 
 
 @pytest.mark.parametrize("stream", [b'data: {"error": 1}\n\n', b"data: not json\n\n", b'data: {"choices": []}\n\n',

@@ -1,9 +1,14 @@
 """Preflight against fake host roots: each fact that can be wrong is made wrong, once."""
 
 import json
+import os
+import shlex
 import shutil
+from pathlib import Path
 
 import pytest
+
+import standins
 
 
 from hostfix import DRAFT_CACHE, FIB_TRIE, HCA, MODEL_CACHE, NIC, ROUTE, TCP_HEADER, write_host, write_hub
@@ -11,13 +16,19 @@ from hostfix import DRAFT_CACHE, FIB_TRIE, HCA, MODEL_CACHE, NIC, ROUTE, TCP_HEA
 
 @pytest.fixture
 def world(tmp_path):
+    standins.install(tmp_path / "bin")  # nvidia-smi among them: its answers come from STANDIN_GPU_* (standins.py)
     return write_host(tmp_path / "root"), write_hub(tmp_path / "hf")
+
+
+def standin_env(root: Path) -> dict:
+    """The stand-ins beside the host root first on PATH."""
+    return {"PATH": f"{root.parent / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(root.parent / "calls.jsonl")}
 
 
 def preflight(run_cli, world, *extra, env=None):
     root, home = world
     proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, *extra,
-                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **(env or {})}, check=0)
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root), **(env or {})}, check=0)
     return {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
 
 
@@ -25,7 +36,8 @@ def test_healthy_host_passes_everything(run_cli, world):
     checks = preflight(run_cli, world)
     statuses = {name: c["status"] for name, c in checks.items()}
     assert statuses == {"recipe": "pass", "nic": "pass", "hca": "pass", "fabric-ip": "pass", "ports": "pass",
-                        "memory": "pass", "swappiness": "pass", "disk": "pass", "model-snapshot": "pass",
+                        "memory": "pass", "swappiness": "pass", "swappiness-persisted": "pass", "swap": "pass",
+                        "persistence-mode": "pass", "clock-cap": "pass", "disk": "pass", "model-snapshot": "pass",
                         "chat-template": "pass", "quantization": "pass", "drafter-snapshot": "pass", "kv-plan": "pass",
                         "api-key": "pass", "image": "skip"}
 
@@ -79,21 +91,36 @@ BROKEN = {
                                      "fabric-ip", "fail", "not on"),
     "api port busy": (_listen(8888), "ports", "fail", "API port 8888"),
     "master port busy": (_listen(29521), "ports", "fail", "master port 29521"),
-    "low memory": (lambda r, h: (r / "proc/meminfo").write_text("MemAvailable:   20000000 kB\n"), "memory", "fail", "need"),
+    "low memory": (lambda r, h: (r / "proc/meminfo").write_text("MemAvailable:   20000000 kB\n"), "memory", "fail",
+                   "vLLM would refuse"),
     "swappiness": (lambda r, h: (r / "proc/sys/vm/swappiness").write_text("60\n"), "swappiness", "fail", "is 60"),
     "shard missing": (_drop_shard, "model-snapshot", "fail", "missing"),
     "shard truncated": (_truncate_shard, "model-snapshot", "fail", "past the"),
     "no chat template": (_no_template, "chat-template", "warn", "500"),
     "modelopt checkpoint": (_modelopt, "quantization", "warn", "54150"),
     "no refs": (lambda r, h: (h / "hub" / DRAFT_CACHE / "refs/main").unlink(), "drafter-snapshot", "fail", "refs/main"),
+    # The facts `sparkstack tune` sets: warnings, as a reboot or a missing tool does not stop a launch.
+    "swappiness not persisted": (lambda r, h: (r / "etc/sysctl.d/60-swappiness.conf").unlink(),
+                                 "swappiness-persisted", "warn", "not set at boot"),
+    "swappiness 60 at boot": (lambda r, h: (r / "etc/sysctl.conf").write_text("# local\nvm.swappiness = 60\n"),
+                              "swappiness-persisted", "warn", "60 at boot (from"),
+    "swap on": (lambda r, h: (r / "proc/swaps").write_text((r / "proc/swaps").read_text()
+                                                          + "/swap.img  file  8388604  0  -2\n"), "swap", "pass", "on: /swap.img"),
+    "persistence mode off": (lambda r, h: {"STANDIN_GPU_PERSISTENCE_MODE": "Disabled"},
+                             "persistence-mode", "warn", "Disabled"),
+    "no nvidia-smi": (lambda r, h: {"STANDIN_GPU": "absent"}, "gpu", "warn", "nvidia-smi is not installed on local"),
+    "clock cap of an earlier boot": (lambda r, h: (r / "proc/sys/kernel/random/boot_id").write_text("another-boot\n"),
+                                     "clock-cap", "warn", "no cap set by sparkstack tune since boot"),
+    "another clock cap": (lambda r, h: (r / "run/sparkstack/clock-cap").write_text(
+        (r / "run/sparkstack/clock-cap").read_text().replace("0,2000", "300,2200")), "clock-cap", "warn", "300,2200"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_each_broken_fact_is_caught(run_cli, world, case):
     breaker, name, status, detail = BROKEN[case]
-    breaker(*world)
-    checks = preflight(run_cli, world)
+    env = breaker(*world)  # a dict: what the stand-ins are told instead
+    checks = preflight(run_cli, world, env=env if isinstance(env, dict) else None)
     assert checks[name]["status"] == status, checks[name]
     assert detail in checks[name]["detail"]
     others = [c for n, c in checks.items() if n != name and c["status"] == "fail"]
@@ -124,3 +151,36 @@ def test_launch_refuses_before_any_container_on_a_failed_check(run_cli, world):
     assert proc.returncode == 1
     assert "preflight failed" in proc.stderr and "swappiness" in proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
+
+
+@pytest.mark.parametrize("below", [True, False])
+def test_free_memory_by_vllms_rule_prints_both_numbers(run_cli, world, tmp_path, below):
+    """MemAvailable against gpu-memory-utilization x the recipe's gpu_memory_gib: 0.5 x 100 GiB = 50 GiB."""
+    root, _ = world
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE.read_text().replace("gpu_memory_gib = 121.69", "gpu_memory_gib = 100"))
+    available_kib = 50 * 2**20 - (1 if below else 0)
+    (root / "proc/meminfo").write_text(f"MemAvailable: {available_kib} kB\n")
+    checks = preflight(run_cli, world, "--recipe", recipe, env={"GPU_MEM_UTIL": "0.5"})
+    memory = checks["memory"]
+    assert memory["status"] == ("fail" if below else "pass"), memory
+    assert f"MemAvailable {available_kib / 2**20:.2f} GiB" in memory["detail"]
+    assert "0.5 x 100 GiB = 50.00 GiB" in memory["detail"]
+
+
+def test_worker_host_facts_are_read_over_ssh(run_cli, world):
+    """With --probe the worker's facts come through ssh (one read-only `grep` of the files), answered as that rank."""
+    root, home = world
+    proc = run_cli("launch", "all", "--dry-run", "--probe", "--json", "--host-root", root,
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root),
+                        "STANDIN_REMOTE_GPU_PERSISTENCE_MODE": "Disabled"}, check=0)
+    checks = {(c["check"], c["rank"]): c for c in json.loads(proc.stdout)["preflight"]}
+    assert checks[("persistence-mode", 0)]["status"] == "pass"
+    assert checks[("persistence-mode", 1)]["status"] == "warn" and "Disabled" in checks[("persistence-mode", 1)]["detail"]
+    assert checks[("swappiness", 1)]["status"] == "pass" and checks[("memory", 1)]["status"] == "pass"
+    calls = standins.recorded(root.parent / "calls.jsonl")
+    ssh_reads = [shlex.split(c[-1]) for c in calls if c[0] == "ssh" and c[-1].startswith("grep ")]
+    assert len(ssh_reads) == 1 and f"{root}/proc/meminfo" in ssh_reads[0]

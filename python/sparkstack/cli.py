@@ -494,7 +494,9 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
 @click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
 @click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
-@click.option("--min-free-mem-gib", type=FiniteFloat(0, 1 << 20), default=100.0, show_default=True)
+@click.option("--memory-guard", type=FiniteFloat(0, 1 << 20), is_flag=False, flag_value=8.0, default=None,
+              metavar="[=GIB]", help="While ranks boot, drop caches and compact memory on a rank whose MemFree "
+                                 "falls under GIB (8 when no value is given).")
 @click.option("--health-interval", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
               envvar="HEALTH_INTERVAL", help="Seconds between /health polls (env HEALTH_INTERVAL).")
 @click.option("--health-attempts", type=click.IntRange(min=1, max=1_000_000), default=360, show_default=True,
@@ -503,12 +505,12 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
               envvar="WORKER_DELAY", help="Seconds between the workers and the head (env WORKER_DELAY).")
 @one_line_errors
 def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
-           min_free_mem_gib, health_interval, health_attempts, worker_delay) -> None:
+           memory_guard, health_interval, health_attempts, worker_delay) -> None:
     """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
     from sparkstack.launch import apply as launch_apply
     from sparkstack.launch import report
     from sparkstack.launch.plan import build_plan, image_flag
-    from sparkstack.launch.preflight import Thresholds, run_preflight, runner_for
+    from sparkstack.launch.preflight import run_preflight, runner_for
     from sparkstack.recipe import load_recipe
 
     plan = build_plan(load_recipe(recipe), os.environ, profile, image_flag(image) if image is not None else None)
@@ -540,7 +542,7 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
         return
     selected = report.select_ranks(plan, target)
     checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
-                           dict(os.environ), Thresholds(min_free_mem_gib=min_free_mem_gib), dry_run=dry_run)
+                           dict(os.environ), dry_run=dry_run)
     if dry_run:
         if as_json:
             _print_json(report.dry_run_document(plan, target, selected, checks, drop_caches))
@@ -555,18 +557,67 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
         _fail(verdict)
     timeouts = launch_apply.Timeouts(health_interval_s=health_interval, health_attempts=health_attempts,
                                      worker_delay_s=worker_delay)
+    guard = None
+    if memory_guard is not None:
+        from sparkstack.launch.guard import memory_guard as make_guard
+
+        guard = make_guard(runners, [r.rank for r in selected], str(host_root.absolute()), memory_guard, say)
     try:
         record, boot = launch_apply.launch(plan, runners, [r.rank for r in selected], timeouts, dict(os.environ),
-                                           say, drop=drop_caches)
+                                           say, drop=drop_caches, on_poll=guard)
     except launch_apply.LaunchFailed as exc:
         for rank, text in sorted(exc.logs.items()):
             click.echo(f"--- rank {rank} log (last lines) ---", err=True)
             click.echo(text.rstrip(), err=True)
         raise
     if as_json:
-        _print_json({"record": str(record), "boot": None if boot is None else boot.__dict__})
+        _print_json({"record": str(record), "boot": None if boot is None else boot.__dict__,
+                     "memory_guard": None if guard is None else guard.fired})
     else:
+        if guard is not None:
+            click.echo(f"memory guard: stopped with the boot watch; acted {len(guard.fired)} time(s)")
         click.echo(f"run record: {record}")
+
+
+@main.command()
+@click.argument("target", default="all", metavar="[RANK|all]")
+@click.option("--recipe", default=None, help="Recipe name or path: its ranks, and its clock_cap (default 0,2000).")
+@click.option("--host-root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
+              help="Read and write host files (/proc, /etc/sysctl.d, /run) below this root, on every rank.")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
+@click.option("--dry-run", is_flag=True, help="Only read each rank's facts and say what differs.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
+    """Tune every rank's host: swappiness 0 (now and at boot), GPU persistence mode and clock cap, page cache."""
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.recipe import load_recipe
+    from sparkstack.tune.apply import apply_tune
+    from sparkstack.tune.plan import plan_tune
+
+    plan, runners = plan_tune(build_plan(load_recipe(recipe), os.environ), target, host_root, ssh_config)
+    if dry_run:
+        if as_json:
+            _print_json(plan.to_json())
+        else:
+            for line in _tune_lines(plan):
+                click.echo(line)
+        return
+    say = functools.partial(click.echo, err=as_json)
+    done = apply_tune(plan, runners, say)
+    if as_json:
+        _print_json({**plan.to_json(), "done": done})
+
+
+def _tune_lines(plan) -> list[str]:
+    lines = []
+    for r in plan.ranks:
+        who = f"rank {r.rank} ({r.host}, {r.where}{', sudo -n' if r.sudo else ''})"
+        lines.append(f"{who}: up to date" if r.up_to_date else f"{who}:")
+        lines += [f"  {s.name}: {s.now} -> {s.want}" for s in r.steps]
+        lines += [f"  problem: {p}" for p in r.problems]
+        lines += [f"  note: {n}" for n in r.notes]
+    return lines
 
 
 @main.group("plan")

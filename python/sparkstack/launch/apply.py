@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,16 +110,26 @@ def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
 DROP_CACHES = (("sync",), ("sysctl", "-w", "vm.drop_caches=3"))
 
 
+def drop_page_cache(runner: Runner) -> tuple[list[str], subprocess.CompletedProcess] | None:
+    """sync, then drop the page cache on one machine (as root: `sudo -n` where the runner says so).
+    None when done; else the command that failed and how."""
+    for argv in DROP_CACHES:
+        proc = runner.run_as_root(list(argv), timeout=300)
+        if proc.returncode != 0:
+            return list(argv), proc
+    return None
+
+
 def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
                 on_event: Callable[[str], None]) -> None:
     """sync and drop the page cache on every rank being started (FACTS.md §3 does it on both nodes):
     on unified memory, the page cache counts against the GPU's free memory at engine start."""
     for rank in ranks:
         runner = runners[rank]
-        for argv in DROP_CACHES:
-            proc = runner.run(list(argv), timeout=300)
-            if proc.returncode != 0:
-                raise LaunchFailed(f"rank {rank}: `{' '.join(argv)}` failed on {runner.label}: {failure_line(proc)}", {})
+        failed = drop_page_cache(runner)
+        if failed:
+            argv, proc = failed
+            raise LaunchFailed(f"rank {rank}: `{' '.join(argv)}` failed on {runner.label}: {failure_line(proc)}", {})
         on_event(f"rank {rank}: page cache dropped on {runner.label}")
 
 
@@ -180,12 +191,15 @@ def _chunk_delta(data: str) -> dict:
 
 
 def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_key: str | None,
-               on_event: Callable[[str], None]) -> Boot:
+               on_event: Callable[[str], None], on_poll: Callable[[], None] | None = None) -> Boot:
+    """`on_poll` runs once per round, before the ranks are looked at (the memory guard)."""
     head = plan.ranks[0]
     _, started = _state(runners[0], head.name)
     t0 = _started_epoch(started)
     boot = Boot()
     for _ in range(t.health_attempts):
+        if on_poll is not None:
+            on_poll()
         for rank in plan.ranks:
             status, _ = _state(runners[rank.rank], rank.name)
             if status != "running":
@@ -273,8 +287,10 @@ def load_built_image(plan: LaunchPlan, runner: Runner, on_event: Callable[[str],
 
 
 def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Timeouts, environ: dict,
-           on_event: Callable[[str], None], drop: bool = False) -> tuple[Path, Boot | None]:
-    """Start `ranks` (workers first, then the head) and, when the head is among them, wait for readiness."""
+           on_event: Callable[[str], None], drop: bool = False,
+           on_poll: Callable[[], None] | None = None) -> tuple[Path, Boot | None]:
+    """Start `ranks` (workers first, then the head) and, when the head is among them, wait for readiness
+    (calling `on_poll` once per round of that wait)."""
     env = dict(environ)
     if plan.image_layout is not None and 0 in ranks:
         load_built_image(plan, runners[0], on_event)  # before dropping caches: loading fills the page cache
@@ -293,7 +309,7 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
             time.sleep(t.worker_delay_s)
         on_event("starting rank 0 (head)")
         ran[0] = start_rank(plan.ranks[0], runners[0], env)
-        boot = watch_boot(plan, runners, t, environ.get("VLLM_API_KEY"), on_event)
+        boot = watch_boot(plan, runners, t, environ.get("VLLM_API_KEY"), on_event, on_poll)
     proc = runners[ranks[0]].run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
     image_id = proc.stdout.strip() if proc.returncode == 0 else "unknown"
     return write_record(plan, image_id, boot, ran), boot

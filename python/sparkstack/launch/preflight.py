@@ -1,8 +1,9 @@
 """Preflight: every check that can be made before a container starts. One line each: pass, fail or warn.
 
 Host facts are read below a root prefix (`--host-root`), so tests can supply a
-fake /sys and /proc. Checks that need docker on a rank run only when a runner is
-given for it (apply, or `--probe`).
+fake /sys and /proc. The facts `sparkstack tune` sets (tune.facts) are read on the
+head always, and on the workers (over ssh, read-only) when a runner is given for
+them, as are the checks that need docker on a rank (apply, or `--probe`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.checkline import check_line
+from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
+from sparkstack.tune.facts import HostFacts, read_facts
 
 GIB = 1 << 30
 CHAT_TEMPLATE = "chat_template_mm.jinja"
@@ -48,8 +51,10 @@ class Check:
 
 @dataclass(frozen=True)
 class Thresholds:
-    min_free_mem_gib: float = 100.0
     min_free_disk_gib: float = 5.0
+
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's, when the argv sets none
 
 
 def _read(root: Path, rel: str) -> str | None:
@@ -133,23 +138,63 @@ def check_ports(root: Path, ports: dict[str, int], rank: int) -> Check:
     return Check("ports", "pass", ", ".join(f"{n} {p} free" for n, p in ports.items()), rank)
 
 
-def check_memory(root: Path, t: Thresholds, rank: int) -> Check:
-    text = _read(root, "proc/meminfo") or ""
-    avail = next((int(l.split()[1]) * 1024 for l in text.splitlines() if l.startswith("MemAvailable:")), None)
+def gpu_memory_utilization(plan: LaunchPlan) -> float:
+    args = plan.ranks[0].docker_run
+    flag = "--gpu-memory-utilization"
+    return float(args[args.index(flag) + 1]) if flag in args else DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def check_memory(facts: HostFacts, utilization: float, gpu_memory_gib: float, rank: int) -> Check:
+    """vLLM's own rule: it refuses to start when free memory is under utilization x the GPU's memory."""
+    avail, need = facts.memory.available, utilization * gpu_memory_gib * GIB
+    rule = f"{utilization:g} x {gpu_memory_gib:g} GiB = {need / GIB:.2f} GiB"
     if avail is None:
-        return Check("memory", "warn", "cannot read MemAvailable", rank)
-    if avail < t.min_free_mem_gib * GIB:
-        return Check("memory", "fail", f"{avail / GIB:.1f} GiB available, need {t.min_free_mem_gib:.0f} GiB "
-                                       "(drop caches with --drop-caches, stop other containers)", rank)
-    return Check("memory", "pass", f"{avail / GIB:.1f} GiB available", rank)
+        return Check("memory", "warn", f"cannot read MemAvailable on {facts.where}; vLLM needs {rule}", rank)
+    if avail < need:
+        return Check("memory", "fail", f"MemAvailable {avail / GIB:.2f} GiB < {rule}: vLLM would refuse to start "
+                                       "(run `sparkstack tune` to drop the page cache, or stop other containers)", rank)
+    return Check("memory", "pass", f"MemAvailable {avail / GIB:.2f} GiB >= {rule}", rank)
 
 
-def check_swappiness(root: Path, rank: int) -> Check:
-    value = (_read(root, "proc/sys/vm/swappiness") or "").strip()
-    if value != "0":
-        return Check("swappiness", "fail", f"vm.swappiness is {value or 'unreadable'}; set 0 (sysctl vm.swappiness=0, "
-                                           "it does not survive a reboot)", rank)
-    return Check("swappiness", "pass", "vm.swappiness = 0", rank)
+def host_checks(facts: HostFacts, plan: LaunchPlan, rank: int) -> list[Check]:
+    """The facts `sparkstack tune` sets, and free memory by vLLM's rule, on one rank."""
+    checks = [check_memory(facts, gpu_memory_utilization(plan), plan.recipe.gpu_memory_gib, rank)]
+    if facts.swappiness != "0":
+        checks.append(Check("swappiness", "fail", f"vm.swappiness is {facts.swappiness or 'unreadable'}; set 0 "
+                                                  "(`sparkstack tune`)", rank))
+    else:
+        checks.append(Check("swappiness", "pass", "vm.swappiness = 0", rank))
+    persisted = facts.persisted_swappiness
+    if persisted is None or persisted.value != "0":
+        now = "not set at boot" if persisted is None else f"{persisted.value} at boot (from {persisted.file})"
+        checks.append(Check("swappiness-persisted", "warn", f"vm.swappiness is {now}: a reboot loses 0 "
+                                                            "(`sparkstack tune` persists it)", rank))
+    else:
+        checks.append(Check("swappiness-persisted", "pass", f"0 at boot (from {persisted.file})", rank))
+    swap = ", ".join(facts.swaps)
+    checks.append(Check("swap", "pass", f"on: {swap}" if swap else "off", rank))
+    if facts.gpus is None:
+        checks.append(Check("gpu", "warn", f"{facts.gpu_problem}: persistence mode and clock cap unknown", rank))
+        return checks
+    modes = ", ".join(facts.gpus.persistence)
+    on = all(m == "Enabled" for m in facts.gpus.persistence)
+    checks.append(Check("persistence-mode", "pass" if on else "warn",
+                        modes if on else f"{modes}: the clock cap may not hold (`sparkstack tune`)", rank))
+    cap, want = facts.stamped_cap(), plan.recipe.clock_cap
+    if cap == want:
+        checks.append(Check("clock-cap", "pass", f"{cap} MHz, set this boot by sparkstack tune", rank))
+    else:
+        now = f"{cap} MHz was set this boot" if cap else "no cap set by sparkstack tune since boot"
+        checks.append(Check("clock-cap", "warn", f"{now}; the published numbers were measured at {want} "
+                                                 "(`sparkstack tune`)", rank))
+    return checks
+
+
+def rank_host_checks(plan: LaunchPlan, runner: Runner, root: Path, rank: int) -> list[Check]:
+    try:
+        return host_checks(read_facts(runner, str(root.absolute())), plan, rank)
+    except SparkstackError as exc:
+        return [Check("host-facts", "fail", f"cannot read the host facts: {exc}", rank)]
 
 
 def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
@@ -201,8 +246,7 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
         check_hca(host_root, head.hca, head.nic, 0),
         check_fabric_ip(host_root, head.fabric_ip, head.nic, 0),
         check_ports(host_root, {"API port": plan.api_port, "master port": int(plan.knobs["MASTER_PORT"])}, 0),
-        check_memory(host_root, t, 0),
-        check_swappiness(host_root, 0),
+        *rank_host_checks(plan, Runner(), host_root, 0),
         check_disk(Path(head.hub), t, 0),
     ]
     hub = Path(head.hub)
@@ -307,6 +351,8 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
     """Under `dry_run`, runners may only be asked read-only questions: the gates, which start a container, are skipped."""
     checks = local_checks(plan, host_root, force, environ, thresholds)
     if runners is not None:
+        for rank in plan.ranks[1:]:
+            checks += rank_host_checks(plan, runners[rank.rank], host_root, rank.rank)
         checks += docker_checks(plan, runners, gates and not dry_run)
         if gates and dry_run:
             checks.append(Check("gate", "skip", "the runtime gates start a throwaway container: not under --dry-run", 0))

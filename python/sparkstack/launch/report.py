@@ -11,13 +11,13 @@ from sparkstack.launch.preflight import Check
 ACTIONS = ("all", "stop", "status")
 
 
-def select_ranks(plan: LaunchPlan, target: str) -> list[RankPlan]:
-    """The ranks a launch TARGET names: one rank number, or `all`."""
+def select_ranks(plan: LaunchPlan, target: str, actions: tuple[str, ...] = ACTIONS) -> list[RankPlan]:
+    """The ranks a TARGET names: one rank number, or `all` (`actions`: the other words the command takes)."""
     if target == "all":
         return list(plan.ranks)
     if target.isascii() and target.isdigit() and str(int(target)) == target and int(target) < len(plan.ranks):
         return [plan.ranks[int(target)]]
-    raise UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), {', '.join(ACTIONS)}; got {target!r}")
+    raise UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), {', '.join(actions)}; got {target!r}")
 
 
 def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],

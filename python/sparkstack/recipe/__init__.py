@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 import shlex
 import string
@@ -21,6 +22,9 @@ from sparkstack import shipped
 from sparkstack.errors import SparkstackError
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
+DEFAULT_CLOCK_CAP = "0,2000"  # every published number was measured at this cap (FACTS.md §3)
+DEFAULT_GPU_MEMORY_GIB = 121.69  # GB10: what vLLM's free-memory check measures against (FACTS.md §7)
+_CLOCK_CAP = re.compile(r"([0-9]{1,5}),([0-9]{1,5})")
 
 # The old launcher's knobs and their defaults (FACTS.md §3). An empty environment reproduces them.
 KNOB_DEFAULTS: dict[str, str] = {
@@ -266,6 +270,7 @@ _TOP_KEYS = {
     "distributed_backend": str, "shm_size": str, "args": list, "env": dict,
     # sparkstack's extensions
     "status": str, "blocked_reason": str, "knobs": dict, "nodes": list, "drafter": dict, "kv": dict,
+    "clock_cap": str, "gpu_memory_gib": float,  # the hosts: tune's GPU clock cap, preflight's free-memory rule
 }
 _NODE_KEYS = {"host": str, "ssh": str, "fabric_ip": str, "nic": str, "hca": str, "docker_host": str}
 _DRAFTER_KEYS = {"cache_name_knob": str, "method": str}
@@ -317,13 +322,16 @@ class Recipe:
     drafter_cache_knob: str | None
     drafter_method: str | None
     kv: KvGeometry
+    clock_cap: str = DEFAULT_CLOCK_CAP  # nvidia-smi -lgc MIN,MAX (MHz)
+    gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB  # what CUDA sees of the unified memory
 
     @property
     def blocked(self) -> bool:
         return self.status == "blocked"
 
 
-_TOML_TYPES = {str: "a string", int: "an integer", bool: "a boolean", list: "an array", dict: "a table"}
+_TOML_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
+               dict: "a table"}
 
 
 def _toml_type(value: object) -> str:
@@ -335,7 +343,8 @@ def _check(where: str, table: dict, schema: dict) -> None:
         if key not in schema:
             raise SparkstackError(f"{where}: unknown key {show(key)}")
         want = schema[key]
-        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        ok = isinstance(value, (int, float) if want is float else want) and not (
+            want in (int, float) and isinstance(value, bool))
         if not ok:
             raise SparkstackError(f"{where}: {key} must be {_TOML_TYPES[want]}, got {_toml_type(value)} {brief(value)}")
 
@@ -492,6 +501,14 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
                               f"knob ({' or '.join(CACHE_NAME_KNOBS)})")
     if "method" in drafter:
         check_value(f"{w} [drafter]: method=", drafter["method"], _word)
+    clock_cap = doc.get("clock_cap", DEFAULT_CLOCK_CAP)
+    cap = _CLOCK_CAP.fullmatch(clock_cap)
+    if not cap or int(cap[1]) > int(cap[2]) or int(cap[2]) == 0:
+        raise SparkstackError(f"{w}: clock_cap={show(clock_cap)} is not MIN,MAX in MHz with MIN <= MAX "
+                              f"(e.g. {DEFAULT_CLOCK_CAP!r}, for nvidia-smi -lgc)")
+    gpu_gib = doc.get("gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)
+    if not (math.isfinite(gpu_gib) and 0 < gpu_gib <= 65536):
+        raise SparkstackError(f"{w}: gpu_memory_gib={gpu_gib!r} is not a number of GiB in (0, 65536]")
     kv = doc.get("kv", {})
     _check(f"{w} [kv]", kv, _KV_KEYS)
     for key, value in kv.items():
@@ -504,5 +521,5 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         distributed_backend=doc.get("distributed_backend", "mp"), shm_size=doc.get("shm_size", "16g"), args=args,
         env=tuple(env.items()), status=status, blocked_reason=doc.get("blocked_reason", ""), knobs=tuple(knobs.items()),
         nodes=tuple(nodes), drafter_cache_knob=drafter.get("cache_name_knob"), drafter_method=drafter.get("method"),
-        kv=KvGeometry(**kv),
+        kv=KvGeometry(**kv), clock_cap=clock_cap, gpu_memory_gib=float(gpu_gib),
     )

@@ -12,6 +12,7 @@ key (`HostKeyAlias`), and may ask for bulk-transfer options: AES-GCM ciphers fir
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from dataclasses import dataclass, replace
@@ -34,6 +35,7 @@ class Runner:
     hostname: str | None = None  # connect to this address instead of the target's own (e.g. its fabric IP)
     host_key_alias: str | None = None  # the name its host key is known under, when `hostname` is set
     bulk: bool = False  # options for moving many bytes: AES-GCM first, no compression, no tty
+    sudo: bool = False  # the user there is not root: `run_as_root` goes through `sudo -n` (never a password prompt)
 
     def __post_init__(self) -> None:
         # An ssh target or docker host that looks like an option would be read as one (`-oProxyCommand=...`).
@@ -86,9 +88,11 @@ class Runner:
     def docker(self, *args: str) -> list[str]:
         return ["docker", *(["-H", self.docker_host] if self.docker_host else []), *args]
 
-    def run(self, argv: list[str], timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], timeout: float = 120, env: dict | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(self.argv(argv), capture_output=True, text=True, timeout=timeout, env=env)
+            return subprocess.run(self.argv(argv), capture_output=True, text=True, errors="replace", timeout=timeout,
+                                  env=env, input=input)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout:.0f} s on {self.label}")
         except FileNotFoundError as exc:
@@ -96,6 +100,66 @@ class Runner:
 
     def run_docker(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         return self.run(self.docker(*args), timeout=timeout, env=env)
+
+    def as_root(self, argv: list[str]) -> list[str]:
+        return ["sudo", "-n", *argv] if self.sudo else list(argv)
+
+    def run_as_root(self, argv: list[str], timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.run(self.as_root(argv), timeout=timeout, input=input)
+
+    def is_root(self) -> bool:
+        """Whether commands there run as root (`id -u`: read-only)."""
+        proc = self.run(["id", "-u"], timeout=60)
+        if proc.returncode != 0 or not proc.stdout.strip().isdigit():
+            raise SparkstackError(f"{self.label}: cannot tell which user runs there (`id -u`): {failure_line(proc)}")
+        return proc.stdout.strip() == "0"
+
+    def read_texts(self, paths: list[str]) -> dict[str, str | None]:
+        """Small text files there, in one go; None for a file that is missing, unreadable or empty.
+
+        Over ssh one `grep -a -s -H -Z '' -- PATHS` (every line as "path NUL line"); a failed connection is an error."""
+        if self.ssh is None:
+            texts: dict[str, str | None] = {}
+            for path in paths:
+                try:
+                    texts[path] = Path(path).read_text(errors="replace") or None
+                except OSError:
+                    texts[path] = None
+            return texts
+        proc = self.run(["grep", "-a", "-s", "-H", "-Z", "", "--", *paths], timeout=60)
+        if proc.returncode not in (0, 1, 2):
+            raise SparkstackError(f"{self.label}: reading {len(paths)} file(s): {failure_line(proc)}")
+        lines: dict[str, list[str]] = {}
+        for line in proc.stdout.split("\n"):  # not splitlines(): a file's line may hold \r or \f
+            path, nul, text = line.partition("\0")
+            if nul:
+                lines.setdefault(path, []).append(text + "\n")
+        return {path: "".join(lines[path]) if path in lines else None for path in paths}
+
+    def list_dirs(self, paths: list[str]) -> dict[str, list[str]]:
+        """The names in each directory there, sorted; empty for one that is missing. Over ssh one `find`."""
+        names: dict[str, list[str]] = {path: [] for path in paths}
+        if self.ssh is None:
+            for path in paths:
+                try:
+                    names[path] = sorted(os.listdir(path))
+                except OSError:
+                    pass
+            return names
+        proc = self.run(["find", *paths, "-mindepth", "1", "-maxdepth", "1", "-printf", "%H\\0%f\\0"], timeout=60)
+        if proc.returncode not in (0, 1):  # 1: some directory is missing
+            raise SparkstackError(f"{self.label}: listing {', '.join(paths)}: {failure_line(proc)}")
+        fields = proc.stdout.split("\0")
+        for start, name in zip(fields[0::2], fields[1::2]):
+            if start in names:
+                names[start].append(name)
+        return {path: sorted(found) for path, found in names.items()}
+
+
+def sudo_refused(proc: subprocess.CompletedProcess) -> bool:
+    """`sudo -n` said no: a password would be needed, no sudoers rule, or no sudo at all."""
+    line = failure_line(proc)
+    return proc.returncode != 0 and (line.startswith("sudo:") or proc.returncode == 127 and "sudo" in line)
 
 
 def failure_line(proc: subprocess.CompletedProcess) -> str:

@@ -1,0 +1,211 @@
+"""`sparkstack tune` against a host-root prefix and recording stand-ins (nvidia-smi, sysctl, sudo, id, ssh).
+
+Both ranks read and write the same prepared tree: rank 1 is reached through the ssh stand-in, which runs its
+command here as a "remote" call (STANDIN_REMOTE_* settings answer for it). Nothing here touches the real
+/proc/sys or /etc: sysctl and nvidia-smi are stand-ins, and every file path is under the host root.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import hostfix
+import pytest
+import standins
+from clirun import sparkstack_cmd
+
+TUNE_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"  # where the README says tune persists swappiness
+RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
+
+
+@pytest.fixture
+def world(tmp_path):
+    standins.install(tmp_path / "bin")
+    root = hostfix.write_host(tmp_path / "root", tuned=False)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(tmp_path / "calls.jsonl"),
+           "STANDIN_REMOTE_RECORD_LOG": str(tmp_path / "worker-calls.jsonl"),
+           "HF_HOME": str(hostfix.write_hub(tmp_path / "hf")), "STANDIN_UID": "0", "STANDIN_REMOTE_UID": "0"}
+    return {"tmp": tmp_path, "root": root, "env": env}
+
+
+def tune(world, *args, env=None, root=None):
+    full = {**os.environ, **world["env"], **(env or {})}
+    return subprocess.run(sparkstack_cmd() + ["tune", *map(str, args), "--host-root", str(root or world["root"])],
+                          capture_output=True, text=True, env=full, timeout=120, check=False)
+
+
+def forget(world) -> None:
+    for log in ("RECORD_LOG", "STANDIN_REMOTE_RECORD_LOG"):
+        Path(world["env"][log]).unlink(missing_ok=True)
+
+
+def head_calls(world) -> list[list[str]]:
+    return [c for c in standins.recorded(Path(world["env"]["RECORD_LOG"])) if c[0] != "ssh"]
+
+
+def worker_calls(world) -> list[list[str]]:
+    """What the ssh stand-in ran as rank 1."""
+    return standins.recorded(Path(world["env"]["STANDIN_REMOTE_RECORD_LOG"]))
+
+
+def invoked(ran: list[list[str]]) -> list[list[str]]:
+    """The calls sparkstack made: without the command each `sudo -n` stand-in ran in turn (recorded after it)."""
+    return [c for i, c in enumerate(ran) if not (i and ran[i - 1][:2] == ["sudo", "-n"] and ran[i - 1][2:] == c)]
+
+
+def is_read(argv: list[str]) -> bool:
+    return argv[0] == "id" or argv[0] == "nvidia-smi" and argv[1].startswith("--query-gpu=")
+
+
+def acts(world) -> list[list[str]]:
+    return [c for c in head_calls(world) + worker_calls(world) if not is_read(c)]
+
+
+def test_tune_acts_on_every_rank_and_persists_swappiness(world):
+    (world["root"] / "proc/meminfo").write_text(hostfix.meminfo(Cached=6 * 2**20, Shmem=2**20))  # 5 GiB droppable
+    proc = tune(world)
+    assert proc.returncode == 0, proc.stderr
+    for ran in (head_calls(world), worker_calls(world)):
+        assert ["sysctl", "-w", "vm.swappiness=0"] in ran
+        assert ["nvidia-smi", "-lgc", "0,2000"] in ran
+        assert ran.index(["sync"]) < ran.index(["sysctl", "-w", "vm.drop_caches=3"])  # launch's drop: sync first
+    text = (world["root"] / TUNE_FILE).read_text()
+    settings = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert text.startswith("# Written by sparkstack tune") and settings == ["vm.swappiness = 0"]
+    assert sorted(p.name for p in (world["root"] / "etc/sysctl.d").iterdir()) == ["zz-sparkstack-tune.conf"]  # no temp left
+    # The clock cap is recorded with this boot's id, so a re-run (and preflight) can tell it was set.
+    stamp = (world["root"] / "run/sparkstack/clock-cap").read_text()
+    assert "clock_cap=0,2000" in stamp.splitlines() and f"boot_id={hostfix.BOOT_ID}" in stamp.splitlines()
+
+
+def test_a_tuned_host_is_up_to_date_and_nothing_is_done(world):
+    root = hostfix.write_host(world["tmp"] / "tuned", tuned=True)
+    proc = tune(world, root=root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["rank 0 (local): up to date", "rank 1 (user@worker-node): up to date"]
+    assert acts(world) == []
+
+
+def test_tune_twice_the_second_run_is_up_to_date(world):
+    state = world["tmp"] / "gpu-state.json"
+    env = {"STANDIN_SYSCTL_ROOT": str(world["root"]), "STANDIN_GPU_STATE": str(state),
+           "STANDIN_GPU_PERSISTENCE_MODE": "Disabled"}
+    first = tune(world, env=env)
+    assert first.returncode == 0, first.stderr
+    ran = head_calls(world)
+    assert ran.index(["nvidia-smi", "-pm", "1"]) < ran.index(["nvidia-smi", "-lgc", "0,2000"])  # persistence first
+    forget(world)
+    second = tune(world, "--json", env=env)
+    doc = json.loads(second.stdout)
+    assert doc["up_to_date"] and doc["done"] == [] and acts(world) == []
+
+
+def test_dry_run_reports_what_differs_and_acts_on_nothing(world):
+    before = {p: p.read_bytes() for p in world["root"].rglob("*") if p.is_file()}
+    proc = tune(world, "--dry-run", "--json")
+    doc = json.loads(proc.stdout)
+    steps = {r["rank"]: [s["step"] for s in r["steps"]] for r in doc["ranks"]}
+    assert steps == {0: ["swappiness", "swappiness-persisted", "clock-cap"],
+                     1: ["swappiness", "swappiness-persisted", "clock-cap"]}
+    assert doc["ranks"][0]["facts"]["swappiness"] == "60"
+    assert acts(world) == []
+    assert {p: p.read_bytes() for p in world["root"].rglob("*") if p.is_file()} == before
+
+
+def test_not_root_uses_sudo_n_root_does_not(world):
+    proc = tune(world, env={"STANDIN_UID": "0", "STANDIN_REMOTE_UID": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    local = [c for c in invoked(head_calls(world)) if not is_read(c)]
+    remote = [c for c in invoked(worker_calls(world)) if not is_read(c)]
+    assert remote and all(c[:2] == ["sudo", "-n"] for c in remote)  # every act on the worker, as the ssh user
+    assert not any(c[0] == "sudo" for c in local) and ["sysctl", "-w", "vm.swappiness=0"] in local
+    assert ["sudo", "-n", "sysctl", "-w", "vm.swappiness=0"] in remote
+
+
+@pytest.mark.parametrize("rank,env,where", [
+    ("0", {"STANDIN_UID": "1000", "STANDIN_SUDO": "refuse"}, "here"),
+    ("1", {"STANDIN_REMOTE_UID": "1000", "STANDIN_REMOTE_SUDO": "refuse"}, "on user@worker-node"),
+])
+def test_a_refused_sudo_is_one_line_naming_the_command(world, rank, env, where):
+    proc = tune(world, rank, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"sparkstack: error: rank {rank} ")
+    assert "a password is required" in proc.stderr
+    assert proc.stderr.rstrip().endswith(f"run it {where} yourself: sudo sysctl -w vm.swappiness=0")
+    ran = head_calls(world) + worker_calls(world)
+    assert [c for c in ran if c[0] == "sysctl"] == []  # nothing ran past the refusing sudo
+
+
+def test_the_by_hand_line_for_the_file_writes_what_tune_writes(world):
+    """A refusal at the persisted file names a shell line; run as root, it leaves exactly tune's own file."""
+    (world["root"] / "proc/sys/vm/swappiness").write_text("0\n")
+    proc = tune(world, "0", env={"STANDIN_UID": "1000", "STANDIN_SUDO": "refuse"})
+    line = proc.stderr.rstrip().split("yourself: ", 1)[1]
+    assert "sudo tee" in line and "\n" not in line
+    env = {**os.environ, **world["env"]}  # the sudo stand-in runs the command: we are root here
+    subprocess.run(["bash", "-c", line], check=True, env=env)
+    by_hand = (world["root"] / TUNE_FILE).read_text()
+    (world["root"] / TUNE_FILE).unlink()
+    assert tune(world, "0").returncode == 0
+    assert (world["root"] / TUNE_FILE).read_text() == by_hand
+    forget(world)
+    assert "rank 0 (local): up to date" in tune(world, "0").stdout  # and tune takes that file as its own
+
+
+def test_a_file_tune_did_not_write_is_left_alone(world):
+    (world["root"] / TUNE_FILE).write_text("vm.swappiness = 10\n")
+    proc = tune(world)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "sparkstack did not write it" in proc.stderr and TUNE_FILE in proc.stderr
+    assert (world["root"] / TUNE_FILE).read_text() == "vm.swappiness = 10\n"
+    assert acts(world) == []  # refused before acting on any rank
+
+
+def test_a_later_setting_that_would_win_is_named(world):
+    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness=60\n")  # procps reads it after sysctl.d
+    proc = tune(world)
+    assert proc.returncode == 1 and "etc/sysctl.conf sets vm.swappiness = 60" in proc.stderr
+    assert acts(world) == []
+
+
+def test_persisted_value_follows_systemd_precedence(world):
+    """A name in /etc/sysctl.d hides the same name in /usr/lib/sysctl.d; what is already 0 at boot is left alone."""
+    lib = world["root"] / "usr/lib/sysctl.d"
+    lib.mkdir(parents=True)
+    (lib / "10-vendor.conf").write_text("vm.swappiness = 0\n")
+    doc = json.loads(tune(world, "--dry-run", "--json").stdout)
+    assert "swappiness-persisted" not in [s["step"] for s in doc["ranks"][0]["steps"]]
+    (world["root"] / "etc/sysctl.d/10-vendor.conf").write_text("# masked\n")
+    doc = json.loads(tune(world, "--dry-run", "--json").stdout)
+    assert all("swappiness-persisted" in [s["step"] for s in r["steps"]] for r in doc["ranks"])
+
+
+def test_clock_cap_comes_from_the_recipe_and_a_clock_above_it_is_capped_again(world, tmp_path):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE.read_text().replace('clock_cap = "0,2000"', 'clock_cap = "300,2200"'))
+    assert tune(world, "0", "--recipe", recipe).returncode == 0
+    assert ["nvidia-smi", "-lgc", "300,2200"] in head_calls(world)
+    forget(world)
+    doc = json.loads(tune(world, "0", "--recipe", recipe, "--dry-run", "--json").stdout)
+    assert "clock-cap" not in [s["step"] for s in doc["ranks"][0]["steps"]]  # the recorded cap, this boot
+    doc = json.loads(tune(world, "0", "--recipe", recipe, "--dry-run", "--json",
+                          env={"STANDIN_GPU_CLOCKS_CURRENT_GRAPHICS": "2500"}).stdout)
+    assert "clock-cap" in [s["step"] for s in doc["ranks"][0]["steps"]]  # 2500 MHz > 2200: not in force
+
+
+def test_missing_nvidia_smi_is_reported_not_crashed_on(world):
+    proc = tune(world, "1", env={"STANDIN_REMOTE_GPU": "absent"})
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(tune(world, "1", "--dry-run", "--json", env={"STANDIN_REMOTE_GPU": "absent"}).stdout)
+    assert any("nvidia-smi is not installed on user@worker-node" in n for n in doc["ranks"][0]["notes"])
+    assert [c for c in worker_calls(world) if c[0] == "nvidia-smi" and not is_read(c)] == []
+
+
+@pytest.mark.parametrize("cached_kib,drops", [(3 * 2**20, True), (2**20, False)])
+def test_page_cache_is_dropped_only_when_there_is_some(world, cached_kib, drops):
+    """Droppable = Buffers + Cached - Shmem; tune drops at 2 GiB or more."""
+    (world["root"] / "proc/meminfo").write_text(hostfix.meminfo(Buffers=0, Cached=cached_kib, Shmem=0))
+    assert tune(world, "0").returncode == 0
+    assert (["sysctl", "-w", "vm.drop_caches=3"] in head_calls(world)) == drops
