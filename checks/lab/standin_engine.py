@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -154,6 +155,7 @@ class Engine:
         self.health_after = 0.0  # seconds after start; None: never healthy
         self.unhealthy = False   # a test flips it to make /health flap
         self.requests_seen = []  # (method, path, Authorization header or None) of every request, in order
+        self.connections = set()  # open client sockets: a stop closes them, as a dying engine's would close
 
     # -- bookkeeping
     def admit(self, prompt):
@@ -264,6 +266,13 @@ class Engine:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+        with self.lock:
+            conns, self.connections = list(self.connections), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def __enter__(self):
         return self
@@ -281,6 +290,16 @@ class Handler(BaseHTTPRequestHandler):
     @property
     def engine(self):
         return self.server.engine
+
+    def setup(self):
+        super().setup()
+        with self.engine.lock:
+            self.engine.connections.add(self.connection)
+
+    def finish(self):
+        with self.engine.lock:
+            self.engine.connections.discard(self.connection)
+        super().finish()
 
     def _send(self, code, body, ctype="application/json"):
         data = body.encode() if isinstance(body, str) else body

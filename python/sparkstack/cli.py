@@ -830,6 +830,149 @@ def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
         _fail(failed)
 
 
+# ---------------------------------------------------------------- soak / top
+
+
+class Duration(click.ParamType):
+    """90s, 30m, 2h, 1h30m: a bare number or a nonsense unit is a usage error."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        from sparkstack.soak.plan import parse_duration
+
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@main.command()
+@click.argument("url")
+@click.option("--duration", type=Duration(), required=True, help="How long to soak: 90s, 30m, 2h, 1h30m (at most 7 days).")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Concurrent streams.")
+@click.option("--category", "categories", multiple=True, help="Suite category (repeatable; default: all of them, in turn).")
+@click.option("--window", type=Duration(), default="60s", show_default=True, help="Length of one logged window.")
+@click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
+              help="The JSONL log, created new (default: ./soak-<UTC time>.jsonl).")
+@click.option("--max-requests", type=click.IntRange(min=1), default=None,
+              help="Hard cap on requests sent (default: 2 per second per stream over the duration).")
+@click.option("--health-interval", type=FiniteFloat(0.05, 600), default=5.0, show_default=True,
+              help="Seconds between /health and /metrics reads.")
+@click.option("--dead-after", type=Duration(), default="5m", show_default=True,
+              help="End the soak when /health stays down this long.")
+@click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=256, show_default=True)
+@click.option("--temperature", type=FiniteFloat(0, 2), default=1.0, show_default=True)
+@click.option("--top-p", type=FiniteFloat(0, 1), default=0.95, show_default=True)
+@click.option("--model", default=None, help="Model name to request (default: the first of /v1/models).")
+@click.option("--timeout", type=FiniteFloat(1, 86400), default=300.0, show_default=True,
+              help="Seconds one request may go without data.")
+@click.option("--recipe", default=None, help="With the URL on this host at the recipe's API port: also watch the "
+                                             "head container's start time (launch status, once per window).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; send nothing, create no log.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan or the summary as JSON.")
+@one_line_errors
+def soak(url, duration, concurrency, categories, window, log_path, max_requests, health_interval, dead_after,
+         max_tokens, temperature, top_p, model, timeout, recipe, dry_run, as_json) -> None:
+    """Bounded load for hours: C streams of the prompt suite, a JSONL log, flaps and restarts counted."""
+    import time
+
+    from sparkstack.bench import suite as bench_suite
+    from sparkstack.endpoint.client import base_url
+    from sparkstack.soak import plan as soak_plan
+    from sparkstack.soak import report as soak_report
+    from sparkstack.soak import run as soak_run
+
+    suite = bench_suite.load()
+    launch_plan = None
+    if recipe is not None:
+        from sparkstack.launch.plan import build_plan
+        from sparkstack.recipe import load_recipe
+
+        launch_plan = build_plan(load_recipe(recipe), os.environ)
+    log_path = log_path or Path(time.strftime("soak-%Y%m%dT%H%M%SZ.jsonl", time.gmtime()))
+    plan = soak_plan.build_plan(
+        base_url(url), duration_s=duration, concurrency=concurrency, categories=suite.check_categories(categories),
+        window_s=window, max_requests=max_requests, log=log_path, health_interval_s=health_interval,
+        dead_after_s=dead_after, max_tokens=max_tokens, temperature=temperature, top_p=top_p, model=model,
+        request_timeout_s=timeout, launch_plan=launch_plan)
+    if dry_run:
+        if as_json:
+            _print_json({"plan": plan.to_json(), "sent": 0})
+        else:
+            for line in plan.lines():
+                click.echo(line)
+            click.echo("dry run: nothing sent, no log created")
+        return
+    if not as_json:
+        for line in plan.lines():
+            click.echo(line)
+    outcome = soak_run.run(plan, suite, os.environ.get("VLLM_API_KEY") or None,
+                           on_window=lambda w: click.echo(soak_report.window_line(w), err=True))
+    if as_json:
+        _print_json(outcome.summary)
+    else:
+        for line in soak_report.summary_lines(outcome.summary):
+            click.echo(line)
+    if outcome.ended == "interrupted":
+        click.echo(f"sparkstack: interrupted: the summary so far is above; the log is kept at {plan.log}", err=True)
+        sys.exit(130)
+    if outcome.ended == "dead":
+        _fail(outcome.message)
+
+
+@main.command()
+@click.argument("url")
+@click.option("--interval", type=FiniteFloat(0.1, 3600), default=2.0, show_default=True,
+              help="Seconds between /metrics reads.")
+@click.option("--once", is_flag=True, help="Read twice, --interval apart (rates need two reads), show one sample, exit.")
+@click.option("--recipe", default=None, help="Also show the KV pool in tokens that the recipe's KV pin buys.")
+@click.option("--dry-run", is_flag=True, help="Say what would be read; read nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON sample (--once), else one JSON line per read.")
+@one_line_errors
+def top(url, interval, once, recipe, dry_run, as_json) -> None:
+    """A live view of an engine from /metrics: requests, tok/s, acceptance, KV and prefix cache, preemptions."""
+    from sparkstack.endpoint.client import Endpoint, base_url
+    from sparkstack.top import view, watch
+
+    url = base_url(url)
+    pool, pool_note = watch.kv_pool(recipe)
+    reads = "two reads of /metrics, --interval apart" if once else "a read of /metrics every --interval"
+    if dry_run:
+        doc = {"url": url, "interval_s": interval, "once": once, "reads": reads, "kv_pool_tokens": pool, "sent": 0}
+        _print_json(doc) if as_json else click.echo(f"would watch {url}/metrics: {reads} ({interval:g} s); "
+                                                    "sends no request; dry run: read nothing")
+        return
+    ep = Endpoint(url, os.environ.get("VLLM_API_KEY") or None, timeout=max(5.0, interval))
+
+    def document(history, state):
+        return {"url": url, "state": state, "kv_pool_tokens": pool, **history.sample().to_json()}
+
+    if once:
+        history, state = watch.once(ep, interval)
+        if as_json:
+            _print_json({**document(history, state), "note": f"rates from two reads of /metrics {interval:g} s apart"})
+        else:
+            from rich.console import Console
+
+            Console().print(view.screen(url, interval, history, state, pool, pool_note))
+        return
+    try:
+        if as_json:
+            for history, state in watch.follow(ep, interval):
+                click.echo(json.dumps(document(history, state)))
+            return
+        from rich.live import Live
+
+        with Live(auto_refresh=False, screen=False) as live:
+            for history, state in watch.follow(ep, interval):
+                live.update(view.screen(url, interval, history, state, pool, pool_note, live=True), refresh=True)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how top is quit
+
+
 class StdoutClosed(Exception):
     """Our stdout's reader went away. Not an OSError, so no error handler mistakes it for a failed operation."""
 

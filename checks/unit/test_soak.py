@@ -1,0 +1,251 @@
+"""`sparkstack soak` through the real CLI against the in-process stand-in engine.
+
+Counts are made deterministic by driving the engine from the test between phases: the soak logs a `health`
+record (with the requests still in flight) the moment it closes its gate, so the test knows when nothing more
+will be sent, and the stand-in fails requests by their number (fail_every). Every exact figure comes from what
+the stand-ins were given or counted; times get consistency checks only.
+"""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from clirun import sparkstack_cmd
+from inprocess_engine import Behaviour, Engine, serving
+from sparkstack.endpoint.metrics import SpecDelta
+from sparkstack.soak import report
+from sparkstack.soak.plan import parse_duration
+from sparkstack.errors import UsageError
+
+WAIT_S = 60  # generous: a bound on how long a phase may take, never a measured figure
+
+
+def wait_for(what, predicate, timeout=WAIT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def log_records(path):
+    """Every complete line of the log (a line being written may not have its newline yet)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def of_type(records, kind):
+    return [r for r in records if r["type"] == kind]
+
+
+def soak(url, log, *extra):
+    return subprocess.Popen(sparkstack_cmd() + ["soak", url, "--log", str(log), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_until_drained(log, downs):
+    """After the `downs`-th fall of /health: every request in flight at that moment has been logged."""
+    def drained():
+        records = log_records(log)
+        health = [i for i, r in enumerate(records) if r["type"] == "health" and not r["ok"]]
+        if len(health) < downs:
+            return False
+        at = health[downs - 1]
+        before = len(of_type(records[:at], "request"))
+        return len(of_type(records, "request")) == before + records[at]["in_flight"]
+    wait_for(f"health down #{downs} and its requests in flight", drained)
+
+
+# pattern (2, 1) for 3 cycles: the prefill's token + 3 x (3 + 2) = 16 tokens per request, whatever the prompt
+PATTERN = {"accept_pattern": (2, 1), "cycles": 3, "step_delay": 0.1, "fail_every": 3}
+TOKENS_PER_REQUEST = 1 + 3 * ((2 + 1) + (1 + 1))
+CAP = 30
+
+
+def test_failures_flaps_and_one_restart_are_counted_exactly(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    a = Engine(Behaviour(**PATTERN)).start()
+    port = a.server.server_address[1]
+    b = None
+    proc = soak(a.url, log, "--duration", "10m", "--window", "1s", "--health-interval", "0.1", "--concurrency", "2",
+                "--max-requests", str(CAP), "--json")
+    try:
+        wait_for("a few requests on engine A", lambda: a.c["requests"] >= 3)
+        a.unhealthy = True                      # flap 1: /health falls, then comes back
+        wait_until_drained(log, 1)
+        a.unhealthy = False
+        wait_for("health back", lambda: [r for r in of_type(log_records(log), "health") if r["ok"]])
+        a.unhealthy = True                      # the engine goes unhealthy, dies, and a new one comes up
+        wait_until_drained(log, 2)
+        wait_for("engine A idle", lambda: a.running == 0)
+        a.stop()
+        b = Engine(Behaviour(**PATTERN)).start(port=port)
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+        a.stop()
+        if b:
+            b.stop()
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    served_a, served_b = a.c["requests"], b.c["requests"]
+    assert served_a + served_b == CAP and served_b > 0, (served_a, served_b)  # B served after the restart
+    failed = served_a // 3 + served_b // 3   # each engine fails its own every third request
+    assert summary["errors"] == {"http_500": failed}
+    assert summary["requests"] == {"issued": CAP, "finished": CAP, "ok": CAP - failed, "abandoned_in_flight": 0}
+    assert summary["tokens_served"] == (CAP - failed) * TOKENS_PER_REQUEST
+    assert summary["health"]["flaps"] == 2 and summary["health"]["down_s"] > 0
+    assert summary["restarts"]["count"] == 1 and "counters went back" in summary["restarts"]["signals"][0]["signal"]
+    assert summary["ended"] == "cap"
+
+    records = log_records(log)
+    assert len(records) == len(log.read_text().splitlines())  # every line whole JSON
+    requests, windows = of_type(records, "request"), of_type(records, "window")
+    assert sorted(r["n"] for r in requests) == list(range(CAP))
+    assert sum(w["requests"] for w in windows) == CAP
+    assert sum(w["output_tokens"] for w in windows) == summary["tokens_served"]
+    assert sum(w["restarts"] for w in windows) == 1 and sum(w["health"]["flaps"] for w in windows) == 2
+    assert [r["ok"] for r in of_type(records, "health")] == [False, True, False, True]
+    assert of_type(records, "summary")[0]["errors"] == summary["errors"]
+    # spec decode: every step accepts 2 or 1 of 4, so any window's acceptance length lies in [2, 3]
+    lengths = [w["acceptance_length"] for w in windows if w["acceptance_length"] is not None]
+    assert lengths and all(2 <= x <= 3 for x in lengths)
+    for r in requests:
+        if r["error"] is None:
+            assert r["output_tokens"] == TOKENS_PER_REQUEST and r["t_start"] <= r["t_end"]
+            assert r["ttft_s"] <= r["e2e_s"]
+
+
+def test_ctrl_c_prints_the_summary_so_far_and_keeps_the_log(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    with serving(step_delay=0.05) as engine:
+        proc = soak(engine.url, log, "--duration", "10m", "--window", "1s", "--health-interval", "0.2",
+                    "--concurrency", "2")
+        try:
+            wait_for("five finished requests", lambda: len(of_type(log_records(log), "request")) >= 5)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in out and "tokens served" in out and "errors by kind: none" in out
+    assert err.strip().splitlines()[-1].startswith("sparkstack: interrupted: the summary so far is above")
+    assert "Traceback" not in err
+    records = [json.loads(line) for line in log.read_text().splitlines()]  # intact: every line parses
+    assert records[0]["type"] == "start" and records[-1]["type"] == "summary"
+    summary = records[-1]
+    assert summary["ended"] == "interrupted"
+    finished = of_type(records, "request")
+    assert summary["requests"]["finished"] == len(finished) >= 5
+    assert summary["requests"]["issued"] == len(finished) + summary["requests"]["abandoned_in_flight"]
+    assert sum(w["requests"] for w in of_type(records, "window")) == len(finished)
+
+
+def test_a_dead_server_is_one_line_and_no_log(tmp_path):
+    with serving() as engine:
+        url = engine.url
+    log = tmp_path / "soak.jsonl"
+    proc = subprocess.run(sparkstack_cmd() + ["soak", url, "--duration", "10s", "--log", str(log)],
+                          capture_output=True, text=True, timeout=WAIT_S)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"sparkstack: error: {url}/health: {url}/health: cannot connect "
+                                        "(ConnectionError): no healthy server to soak"]
+    assert not log.exists()
+
+
+def test_a_server_that_dies_and_stays_down_ends_the_soak_with_one_line(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    engine = Engine(Behaviour(step_delay=0.05)).start()
+    proc = soak(engine.url, log, "--duration", "10m", "--window", "1s", "--health-interval", "0.1",
+                "--dead-after", "1s", "--json")
+    try:
+        wait_for("three finished requests", lambda: len(of_type(log_records(log), "request")) >= 3)
+        engine.unhealthy = True
+        wait_until_drained(log, 1)
+        engine.stop()
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+        engine.stop()
+    assert proc.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sparkstack: error: ") and "has not been healthy for 1 s" in last and str(log) in last
+    summary = json.loads(out)
+    assert summary["ended"] == "dead" and summary["errors"] == {}
+    assert summary["requests"]["finished"] == engine.c["requests"] == summary["requests"]["issued"]
+    assert log_records(log)[-1]["type"] == "summary"
+
+
+def test_an_existing_log_is_never_appended_to(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    log.write_text("mine\n")
+    with serving() as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "5s", "--log", str(log)],
+                              capture_output=True, text=True, timeout=WAIT_S)
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 1 and "exists" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert log.read_text() == "mine\n"
+
+
+def test_dry_run_sends_nothing_and_writes_no_log(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    with serving() as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "2h", "--concurrency", "3",
+                                                  "--log", str(log), "--dry-run", "--json"],
+                              capture_output=True, text=True, timeout=WAIT_S)
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)["plan"]
+    assert plan["max_requests"] == 2 * 3 * 7200 and plan["duration_s"] == 7200 and plan["window_s"] == 60
+    assert not log.exists()
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
+                                          ("0.5h", 1800), (" 2H ", 7200)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["90", "", "h", "2h2h", "1d", "-5s", "0s", "8d", "200h", "1e3s", "inf", "5 m"])
+def test_nonsense_durations_are_refused(text):
+    with pytest.raises(UsageError):
+        parse_duration(text)
+
+
+def _window(index, t_start, t_end, drafts, accepted, tokens, spread):
+    deltas = [SpecDelta(drafts / 2, drafts * 2, accepted / 2, (), None)] * 2 if drafts else []
+    requests = [{"error": None, "ttft_s": 0.1, "tpot_s": 0.04, "e2e_s": 1.0, "output_tokens": tokens,
+                 "tok_s": 25.0 * (1 + spread / 2)}, {"error": None, "ttft_s": 0.3, "tpot_s": 0.05, "e2e_s": 2.0,
+                                                      "output_tokens": 0, "tok_s": 25.0 * (1 - spread / 2)},
+                {"error": "http_500"}]
+    return report.window_record(index, t_start, t_end, requests, deltas, [0.25, 0.5], 10, 9, 1, 0)
+
+
+def test_a_window_record_from_known_requests():
+    w = _window(0, 0.0, 60.0, drafts=100, accepted=250, tokens=600, spread=0.2)
+    assert w["requests"] == 3 and w["ok"] == 2 and w["errors"] == {"http_500": 1}
+    assert w["ttft_s"] == {"p50": 0.2, "p90": 0.28, "p99": 0.298}
+    assert w["tok_s"] == 10.0 and w["acceptance_length"] == 3.5 and w["acceptance_spread"] == 0.0
+    assert w["stream_tok_s"] == {"mean": 25.0, "spread": 0.2}
+    assert w["kv_usage"] == {"last": 0.5, "max": 0.5} and w["health"] == {"polls": 10, "healthy": 9, "flaps": 1}
+
+
+def test_the_trend_is_first_versus_last_hour_past_two_hours():
+    # 3 hours of 30-minute windows: acceptance falls from 3.0 to 2.0, tok/s from 20 to 10
+    windows = [_window(i, i * 1800.0, (i + 1) * 1800.0, drafts=100, accepted=200 if i < 2 else (150 if i < 4 else 100),
+                       tokens=36000 if i < 2 else (27000 if i < 4 else 18000), spread=0.1 * (i + 1)) for i in range(6)]
+    t = report.trend(windows)
+    assert t["by"] == "hour"
+    assert t["first"]["windows"] == [0, 1] and t["last"]["windows"] == [4, 5]
+    assert t["first"]["acceptance_length"] == 3.0 and t["last"]["acceptance_length"] == 2.0
+    assert t["first"]["tok_s"] == 20.0 and t["last"]["tok_s"] == 10.0
+    assert t["first"]["stream_tok_s_spread"] == pytest.approx(0.15) and t["last"]["stream_tok_s_spread"] == pytest.approx(0.55)
+    short = report.trend(windows[:3])
+    assert short["by"] == "window" and short["first"]["windows"] == [0] and short["last"]["windows"] == [2]

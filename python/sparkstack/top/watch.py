@@ -1,0 +1,58 @@
+"""`top`'s reads: /metrics only, never a request; and the recipe's KV pool in tokens."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+from ..endpoint.client import Endpoint
+from ..errors import SparkstackError
+from .sample import History
+
+
+def read(ep: Endpoint, history: History) -> str:
+    """One scrape into the history; the state to show ("ok", or why there was nothing to read)."""
+    try:
+        scrape = ep.scrape()
+    except SparkstackError as exc:
+        return f"unreachable: {exc}"
+    if scrape is None:
+        return f"{ep.url}/metrics: not found (404): every figure is n/a"
+    history.add(scrape)
+    return "ok"
+
+
+def once(ep: Endpoint, interval_s: float) -> tuple[History, str]:
+    """Two scrapes `interval_s` apart: rates need two. A server that cannot be reached is one error line; one
+    without /metrics gives a sample of n/a."""
+    history = History()
+    state = "ok"
+    for i in range(2):
+        if i:
+            time.sleep(interval_s)
+        state = read(ep, history)
+        if state.startswith("unreachable"):
+            raise SparkstackError(state.removeprefix("unreachable: "))
+    return history, state
+
+
+def follow(ep: Endpoint, interval_s: float) -> Iterator[tuple[History, str]]:
+    """A scrape every `interval_s`, forever (the caller stops on Ctrl-C); a failed read is shown, not fatal."""
+    history = History()
+    while True:
+        started = time.monotonic()
+        yield history, read(ep, history)
+        time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+def kv_pool(recipe: str | None) -> tuple[int | None, str]:
+    """The KV pool in tokens that the recipe's pin buys (launch's KV plan), and a note when unknown."""
+    if recipe is None:
+        return None, "pool: give --recipe"
+    from ..launch.kv import kv_plan
+    from ..launch.plan import build_plan
+    from ..recipe import load_recipe
+
+    kv = kv_plan(build_plan(load_recipe(recipe), os.environ))
+    return kv.tokens, "" if kv.tokens is not None else "pool: unknown for this recipe (no KV pin or per-token cost)"
