@@ -22,4 +22,6 @@ in
   ship = app "ship" "ship --image ${image}";
   verify = app "verify" "verify";
   tune = app "tune" "tune";
+  soak = app "soak" "soak";
+  top = app "top" "top";
 }

@@ -12,13 +12,12 @@ import subprocess
 import time
 
 import pytest
-
 from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, Engine, serving
 from sparkstack.endpoint.metrics import SpecDelta
+from sparkstack.errors import UsageError
 from sparkstack.soak import report
 from sparkstack.soak.plan import parse_duration
-from sparkstack.errors import UsageError
 
 WAIT_S = 60  # generous: a bound on how long a phase may take, never a measured figure
 
@@ -153,10 +152,10 @@ def test_a_dead_server_is_one_line_and_no_log(tmp_path):
         url = engine.url
     log = tmp_path / "soak.jsonl"
     proc = subprocess.run(sparkstack_cmd() + ["soak", url, "--duration", "10s", "--log", str(log)],
-                          capture_output=True, text=True, timeout=WAIT_S)
+                          capture_output=True, text=True, timeout=WAIT_S, check=False)
     assert proc.returncode == 1
-    assert proc.stderr.splitlines() == [f"sparkstack: error: {url}/health: {url}/health: cannot connect "
-                                        "(ConnectionError): no healthy server to soak"]
+    assert proc.stderr.splitlines() == [(f"sparkstack: error: {url}/health: cannot connect (ConnectionError): "
+                                         "no healthy server to soak")]
     assert not log.exists()
 
 
@@ -183,12 +182,24 @@ def test_a_server_that_dies_and_stays_down_ends_the_soak_with_one_line(tmp_path)
     assert log_records(log)[-1]["type"] == "summary"
 
 
+def test_an_unhealthy_server_is_not_soaked(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    with serving() as engine:
+        engine.unhealthy = True
+        url = engine.url
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "5s", "--log", str(log)],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 1 and not log.exists()
+    assert proc.stderr.splitlines() == [f"sparkstack: error: {url}/health: HTTP 503: no healthy server to soak"]
+
+
 def test_an_existing_log_is_never_appended_to(tmp_path):
     log = tmp_path / "soak.jsonl"
     log.write_text("mine\n")
     with serving() as engine:
         proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "5s", "--log", str(log)],
-                              capture_output=True, text=True, timeout=WAIT_S)
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
         assert engine.c["requests"] == 0
     assert proc.returncode == 1 and "exists" in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert log.read_text() == "mine\n"
@@ -199,7 +210,7 @@ def test_dry_run_sends_nothing_and_writes_no_log(tmp_path):
     with serving() as engine:
         proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "2h", "--concurrency", "3",
                                                   "--log", str(log), "--dry-run", "--json"],
-                              capture_output=True, text=True, timeout=WAIT_S)
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
         assert engine.c["requests"] == 0
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)["plan"]

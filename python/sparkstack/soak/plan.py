@@ -79,11 +79,11 @@ class SoakPlan:
             f"default: {CAP_PER_STREAM_S}/s per stream over the duration; --max-requests"
         return [
             f"soak {self.url} for {human_duration(self.duration_s)} with {self.concurrency} concurrent streams",
-            f"prompts: suite categories {', '.join(self.categories)}, max_tokens {self.max_tokens}, "
-            f"temperature {self.temperature:g}, top_p {self.top_p:g}, model {self.model or '(first of /v1/models)'}",
+            (f"prompts: suite categories {', '.join(self.categories)}, max_tokens {self.max_tokens}, "
+             f"temperature {self.temperature:g}, top_p {self.top_p:g}, model {self.model or '(first of /v1/models)'}"),
             f"hard cap: {self.max_requests:,} requests ({cap_why})",
-            f"windows of {human_duration(self.window_s)}; /health and /metrics every {self.health_interval_s:g} s; "
-            f"dead after {self.dead_after_s:g} s without /health",
+            (f"windows of {human_duration(self.window_s)}; /health and /metrics every {self.health_interval_s:g} s; "
+             f"dead after {self.dead_after_s:g} s without /health"),
             f"log (JSONL, append-only, one line per request and per window): {self.log}",
             f"container start time: {self.container_note}",
         ]

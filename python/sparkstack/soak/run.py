@@ -106,7 +106,8 @@ class Soak:
     def open(self) -> None:
         ok, detail = self.watcher.health()
         if not ok:
-            raise SparkstackError(f"{self.plan.url}/health: {detail}: no healthy server to soak")
+            where = "" if detail.startswith(self.plan.url) else f"{self.plan.url}/health: "  # connect errors name it
+            raise SparkstackError(f"{where}{detail}: no healthy server to soak")
         if self.model is None:
             names = self.watcher.models()
             if not names:
@@ -240,7 +241,7 @@ class Soak:
         if started is not None and before is not None and abs(started - before) > START_MOVED_S:
             if self.counter_restarts_unchecked:  # the same restart, seen twice
                 self.log.write({"type": "restart", "t": self._t(), "signal": "container start time moved "
-                                f"(the restart the counters showed)", "counted": False}, sync=True)
+                                "(the restart the counters showed)", "counted": False}, sync=True)
             else:
                 self._restart(f"container {self.plan.container.name} start time moved by {started - before:.0f} s")
         self.counter_restarts_unchecked = 0
