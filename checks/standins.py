@@ -4,7 +4,8 @@ sudo, id).
 Each appends its argv as one JSON line to $RECORD_LOG. The ssh stand-in runs its remote command here, through
 the same stand-ins, with STANDIN_REMOTE=1 set, so a test can tell a worker's docker from the head's. The docker
 stand-in answers `image inspect` with $STANDIN_IMAGE_ID (or $STANDIN_REMOTE_IMAGE_ID on a "remote" call); an
-empty value means "No such image" (exit 1). A container's org.sparkstack.rank label is the digits its name ends in
+empty value means "No such image" (exit 1); `inspect` gives a running container started at the time in
+$STANDIN_STARTED_AT_FILE (else a fixed one). A container's org.sparkstack.rank label is the digits its name ends in
 after "rank" (launch's default names), else absent.
 
 With STANDIN_REMOTE_RECORD_LOG set, what the ssh stand-in runs records there instead.
@@ -94,7 +95,10 @@ if name in ("docker", "podman"):
         owned = re.search(r"rank(\d+)$", args[-1])  # launch's default names end in the rank: glm53-tony-rankN
         print(owned.group(1) if owned else "<no value>")
     elif args[:1] == ["inspect"]:
-        print("running 2026-11-29T00:00:00.000000000Z " + (image_id or "{default_id}"))
+        started = "2026-11-29T00:00:00.000000000Z"
+        if os.environ.get("STANDIN_STARTED_AT_FILE"):  # a test moves a container's start time by rewriting it
+            started = open(os.environ["STANDIN_STARTED_AT_FILE"]).read().strip()
+        print("running " + started + " " + (image_id or "{default_id}"))
     elif args[:1] == ["run"]:
         print("c0ffee")
 sys.exit(0)

@@ -7,17 +7,19 @@ the stand-ins were given or counted; times get consistency checks only.
 """
 
 import json
+import os
 import signal
 import subprocess
 import time
 
 import pytest
+import standins
 from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, Engine, serving
 from sparkstack.endpoint.metrics import SpecDelta
 from sparkstack.errors import UsageError
 from sparkstack.soak import report
-from sparkstack.soak.plan import parse_duration
+from sparkstack.soak.plan import container_watch, parse_duration
 
 WAIT_S = 60  # generous: a bound on how long a phase may take, never a measured figure
 
@@ -260,3 +262,48 @@ def test_the_trend_is_first_versus_last_hour_past_two_hours():
     assert t["first"]["stream_tok_s_spread"] == pytest.approx(0.15) and t["last"]["stream_tok_s_spread"] == pytest.approx(0.55)
     short = report.trend(windows[:3])
     assert short["by"] == "window" and short["first"]["windows"] == [0] and short["last"]["windows"] == [2]
+
+
+def test_a_container_start_time_that_moved_is_a_restart(tmp_path):
+    """With --recipe and the URL at the recipe's API port here, launch status (the docker stand-in) is asked
+    once per window; the test moves the container's start time by an hour while the engine's counters go on."""
+    bin_dir, started = tmp_path / "bin", tmp_path / "started-at"
+    standins.install(bin_dir)
+    started.write_text("2026-11-29T00:00:00.000000000Z\n")
+    log = tmp_path / "soak.jsonl"
+    with serving(step_delay=0.02) as engine:
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RECORD_LOG=str(tmp_path / "calls.jsonl"),
+                   STANDIN_STARTED_AT_FILE=str(started), API_PORT=str(engine.server.server_address[1]),
+                   HF_HOME=str(tmp_path / "hf"), SPARKSTACK_RECIPES="")
+        proc = subprocess.Popen(sparkstack_cmd() + ["soak", engine.url, "--log", str(log), "--duration", "10m",
+                                                    "--window", "1s", "--health-interval", "0.2", "--recipe",
+                                                    "glm53-flash-dflash2-nvfp4", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            wait_for("a first window", lambda: of_type(log_records(log), "window"))
+            started.write_text("2026-11-29T01:00:00.000000000Z\n")
+            wait_for("the restart", lambda: of_type(log_records(log), "restart"))
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err
+    summary = json.loads(out)
+    assert summary["restarts"]["count"] == 1 and summary["errors"] == {}
+    assert summary["restarts"]["signals"][0]["signal"] == "container glm53-tony-rank0 start time moved by 3600 s"
+    calls = standins.recorded(tmp_path / "calls.jsonl")
+    assert calls and {tuple(c[:2]) for c in calls} == {("docker", "inspect")}  # asks, never acts
+
+
+def test_the_container_is_watched_only_at_the_recipe_port_on_this_host(monkeypatch):
+    from sparkstack.launch.plan import build_plan as launch_plan
+    from sparkstack.recipe import load_recipe
+
+    monkeypatch.setenv("API_PORT", "18000")
+    lp = launch_plan(load_recipe("glm53-flash-dflash2-nvfp4"), dict(os.environ, API_PORT="18000"))
+    watch, note = container_watch("http://127.0.0.1:18000", lp)
+    assert watch.name == "glm53-tony-rank0" and [r.rank for r in watch.launch_plan.ranks] == [0]
+    watch, note = container_watch("http://127.0.0.1:18001", lp)
+    assert watch is None and "not the recipe's API port 18000" in note
+    watch, note = container_watch("http://10.0.0.1:18000", lp)
+    assert watch is None
