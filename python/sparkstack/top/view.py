@@ -55,11 +55,11 @@ def screen(url: str, interval_s: float, history: History, state: str, kv_pool_to
     table.add_row("requests waiting", _n(get("waiting"), ".0f"), "", sparkline(series["waiting"], lo=0))
     table.add_row("generation tok/s", _n(get("generation_tok_s"), ".1f"),
                   f"over {_n(get('interval_s'), '.1f')} s", sparkline(series["generation_tok_s"], lo=0))
-    table.add_row("acceptance length", _n(get("acceptance_length"), ".3f"),
-                  f"{_n(get('drafts_delta'), '.0f')} drafts in {_n(get('minute_s'), '.1f')} s",
-                  sparkline(series["acceptance_length"], lo=1))
     positions = get("per_position") or ()
     width = max(len(positions), sum(1 for k in series if k.startswith("position_")))
+    table.add_row("acceptance length", _n(get("acceptance_length"), ".3f"),
+                  f"{_n(get('drafts_delta'), ',.0f')} drafts in {_n(get('minute_s'), '.1f')} s",
+                  sparkline(series["acceptance_length"], lo=1, hi=1 + width if width else None))  # 1..the ceiling
     if not width:
         table.add_row("  per position", "n/a", "", "")
     for i in range(width):
