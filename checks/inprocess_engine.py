@@ -6,6 +6,7 @@
 
 import contextlib
 import importlib.util
+import time
 from pathlib import Path
 
 _spec = importlib.util.spec_from_file_location("standin_engine", Path(__file__).parent / "lab" / "standin_engine.py")
@@ -24,3 +25,14 @@ def serving(**fields):
         yield engine
     finally:
         engine.stop()
+
+
+def wait_for(what, predicate, timeout=60.0):
+    """The first truthy value of predicate(), polled; a bound on a phase of a test, never a measured figure."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -10,28 +10,17 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 import standins
 from clirun import sparkstack_cmd
-from inprocess_engine import Behaviour, Engine, serving
+from inprocess_engine import Behaviour, Engine, serving, wait_for
 from sparkstack.endpoint.metrics import SpecDelta
 from sparkstack.errors import UsageError
 from sparkstack.soak import report
 from sparkstack.soak.plan import container_watch, parse_duration
 
 WAIT_S = 60  # generous: a bound on how long a phase may take, never a measured figure
-
-
-def wait_for(what, predicate, timeout=WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def log_records(path):

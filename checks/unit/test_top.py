@@ -6,11 +6,10 @@ import os
 import shlex
 import subprocess
 import threading
-import time
 
 import pytest
 from clirun import need, sparkstack_cmd
-from inprocess_engine import serving
+from inprocess_engine import serving, wait_for
 from sparkstack.endpoint import metrics
 from sparkstack.endpoint.client import Endpoint
 from sparkstack.top.sample import History
@@ -20,16 +19,6 @@ WAIT_S = 60
 PROMPT = "the same prompt, sent twice: the second time every token of it is a prefix-cache hit"
 BODY = {"model": "standin", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4096,
         "stream_options": {"include_usage": True}}
-
-
-def wait_for(what, predicate, timeout=WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def top(*args, **kw):
@@ -201,5 +190,7 @@ def test_the_live_screen_in_a_terminal(tmp_path):
     assert rows["preemptions"][0] == "3" and rows["preemptions"][1].startswith("+0 in ")
     assert rows["requests waiting"][0] == "0" and int(rows["requests running"][0]) in (8, 9)
     assert float(rows["generation tok/s"][0]) > 0 and rows["KV cache usage"][0].endswith("%")
-    assert any(ch in rows["acceptance length"][2] for ch in "▁▄█")  # a sparkline of the last minute
+    # sparklines of the last minute: length 3 on the 1..5 scale is the middle block; rates 1 and 0 the ends
+    assert set(rows["acceptance length"][2]) == {"▅"}
+    assert [set(rows[f"position {i}"][2]) for i in range(1, 5)] == [{"█"}, {"█"}, {"▁"}, {"▁"}]
     assert status == "0" and "Traceback" not in after
