@@ -296,3 +296,20 @@ def test_the_container_is_watched_only_at_the_recipe_port_on_this_host(monkeypat
     assert watch is None and "not the recipe's API port 18000" in note
     watch, note = container_watch("http://10.0.0.1:18000", lp)
     assert watch is None
+
+
+def test_the_key_comes_from_the_named_variable_and_reaches_every_request(tmp_path):
+    with serving(api_key="sekrit-key") as engine:
+        env = dict(os.environ, SOAK_KEY="sekrit-key")
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "30s", "--max-requests", "3",
+                                                  "--health-interval", "0.1", "--api-key-env", "SOAK_KEY",
+                                                  "--log", str(tmp_path / "soak.jsonl"), "--json"],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False, env=env)
+        seen = [(path, auth) for _, path, auth in engine.requests_seen if path.startswith("/v1/")]
+        refused = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "30s", "--api-key-env",
+                                                     "sekrit-key!", "--log", str(tmp_path / "other.jsonl")],
+                                 capture_output=True, text=True, timeout=WAIT_S, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["requests"]["ok"] == 3 and "sekrit" not in proc.stdout + proc.stderr
+    assert [p for p, _ in seen].count("/v1/chat/completions") == 3 and {a for _, a in seen} == {"Bearer sekrit-key"}
+    assert refused.returncode == 2 and "sekrit" not in refused.stderr and "NAME of an environment variable" in refused.stderr

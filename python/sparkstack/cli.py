@@ -833,6 +833,18 @@ def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
 # ---------------------------------------------------------------- soak / top
 
 
+_api_key_env_opt = click.option("--api-key-env", default="VLLM_API_KEY", show_default=True, metavar="VAR",
+                                help="Environment variable holding the API key; a key never goes on the command line.")
+
+
+def _api_key(name: str) -> str | None:
+    from sparkstack.verify.run import ENV_NAME
+
+    if not ENV_NAME.fullmatch(name):  # never echoed: a key given here by mistake must not reach the terminal
+        raise UsageError("--api-key-env takes the NAME of an environment variable (letters, digits, _), not a key")
+    return os.environ.get(name) or None
+
+
 class Duration(click.ParamType):
     """90s, 30m, 2h, 1h30m: a bare number or a nonsense unit is a usage error."""
 
@@ -871,11 +883,12 @@ class Duration(click.ParamType):
               help="Seconds one request may go without data.")
 @click.option("--recipe", default=None, help="With the URL on this host at the recipe's API port: also watch the "
                                              "head container's start time (launch status, once per window).")
+@_api_key_env_opt
 @click.option("--dry-run", is_flag=True, help="Print the plan; send nothing, create no log.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan or the summary as JSON.")
 @one_line_errors
 def soak(url, duration, concurrency, categories, window, log_path, max_requests, health_interval, dead_after,
-         max_tokens, temperature, top_p, model, timeout, recipe, dry_run, as_json) -> None:
+         max_tokens, temperature, top_p, model, timeout, recipe, api_key_env, dry_run, as_json) -> None:
     """Bounded load for hours: C streams of the prompt suite, a JSONL log, flaps and restarts counted."""
     import time
 
@@ -885,6 +898,7 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
     from sparkstack.soak import report as soak_report
     from sparkstack.soak import run as soak_run
 
+    api_key = _api_key(api_key_env)
     suite = bench_suite.load()
     launch_plan = None
     if recipe is not None:
@@ -909,7 +923,7 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
     if not as_json:
         for line in plan.lines():
             click.echo(line)
-    outcome = soak_run.run(plan, suite, os.environ.get("VLLM_API_KEY") or None,
+    outcome = soak_run.run(plan, suite, api_key,
                            on_window=lambda w: click.echo(soak_report.window_line(w), err=True))
     if as_json:
         _print_json(outcome.summary)
@@ -929,15 +943,17 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
               help="Seconds between /metrics reads.")
 @click.option("--once", is_flag=True, help="Read twice, --interval apart (rates need two reads), show one sample, exit.")
 @click.option("--recipe", default=None, help="Also show the KV pool in tokens that the recipe's KV pin buys.")
+@_api_key_env_opt
 @click.option("--dry-run", is_flag=True, help="Say what would be read; read nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON sample (--once), else one JSON line per read.")
 @one_line_errors
-def top(url, interval, once, recipe, dry_run, as_json) -> None:
+def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
     """A live view of an engine from /metrics: requests, tok/s, acceptance, KV and prefix cache, preemptions."""
     from sparkstack.endpoint.client import Endpoint, base_url
     from sparkstack.top import view, watch
 
     url = base_url(url)
+    api_key = _api_key(api_key_env)
     pool, pool_note = watch.kv_pool(recipe)
     reads = "two reads of /metrics, --interval apart" if once else "a read of /metrics every --interval"
     if dry_run:
@@ -945,7 +961,7 @@ def top(url, interval, once, recipe, dry_run, as_json) -> None:
         _print_json(doc) if as_json else click.echo(f"would watch {url}/metrics: {reads} ({interval:g} s); "
                                                     "sends no request; dry run: read nothing")
         return
-    ep = Endpoint(url, os.environ.get("VLLM_API_KEY") or None, timeout=max(5.0, interval))
+    ep = Endpoint(url, api_key, timeout=max(5.0, interval))
 
     def document(history, state):
         return {"url": url, "state": state, "kv_pool_tokens": pool, **history.sample().to_json()}
