@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
 
 from ..errors import SparkstackError, UsageError
 from . import metrics, sse
@@ -130,11 +131,15 @@ class _Accumulator:
 class Endpoint:
     """One server. The API key comes from the caller (read from an environment variable, never argv)."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0, connections: int = 10) -> None:
         self.url = base_url(url)
         self.timeout = timeout
         self.session = requests.Session()
         self.session.trust_env = False  # no proxy or .netrc from the environment: the key goes only to this URL
+        # one pooled connection per concurrent stream: beyond its pool, requests drops connections with a warning
+        pool = HTTPAdapter(pool_maxsize=max(connections, 10))
+        self.session.mount("http://", pool)
+        self.session.mount("https://", pool)
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 
