@@ -5,19 +5,44 @@ figures) never appear as results."""
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
-from .. import fsio
+from .. import fsio, outputs
 from ..errors import UsageError
+
+COMMAND = "sparkstack bench"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def check_destination(path: Path) -> None:
-    """Before a long run: the PNG must be writable where asked."""
+    """Before a long run: the PNG must be writable where asked, and replace only a plot bench wrote."""
     parent = path.absolute().parent
     if not parent.is_dir():
         raise UsageError(f"--plot {path}: no such directory {parent}")
     if path.is_dir():
         raise UsageError(f"--plot {path}: is a directory")
+    outputs.claim_file(path, COMMAND, png_marker)
+
+
+def png_marker(path: Path) -> outputs.OutputMarker | None:
+    """The marker in a PNG's tEXt chunks (bench writes one); None for any other file."""
+    with open(path, "rb") as f:
+        if f.read(8) != PNG_SIGNATURE:
+            return None
+        text = {}
+        while head := f.read(8):
+            if len(head) < 8:
+                break
+            size, kind = struct.unpack(">I4s", head)
+            if kind == b"IDAT" or size > 1 << 20:  # text chunks we write come before the image data
+                break
+            data = f.read(size)
+            f.read(4)  # crc
+            if kind == b"tEXt":
+                key, _, value = data.partition(b"\0")
+                text[key.decode("latin-1")] = value.decode("latin-1")
+    return outputs.marker_from_annotations(text)
 
 
 def _per_position(cells: list[dict]) -> list[float] | None:
@@ -71,7 +96,7 @@ def render_png(doc: dict) -> bytes:
                  f"rounds {s['rounds']}"
                  + (f"\nflagged, not shown: {', '.join(flagged)}" if flagged else ""), fontsize="medium")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", metadata={outputs.WRITTEN_BY: COMMAND})
     return buf.getvalue()
 
 

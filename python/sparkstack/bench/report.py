@@ -49,6 +49,7 @@ class Cell:
     steps_per_s: float | None
     rounds: tuple[Round, ...]
     flags: tuple[str, ...]
+    requests: int = 0  # sent, failed ones included
     first_error: str | None = None
     rerun: bool = False
 
@@ -140,7 +141,8 @@ def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool 
         found.add(SPEC_DECODE_COLLAPSE)
     return Cell(block.concurrency, block.category, figures, len(failures), spec,
                 spec.drafts / decode if spec and decode > 0 else None, tuple(_round(b) for b in batches),
-                tuple(f for f in FLAG_ORDER if f in found), failures[0].error if failures else None, rerun)
+                tuple(f for f in FLAG_ORDER if f in found), len(results) + len(failures),
+                failures[0].error if failures else None, rerun)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ class Report:
             parts.append(f"{len(flagged)} of {len(self.cells)} cells flagged ({', '.join(names)}): not results")
         if self.errors:
             first = next(c for c in self.cells if c.errors)
-            parts.append(f"{self.errors} requests failed (first, in {first.name}: {first.first_error})")
+            parts.append(f"{self.errors} of {sum(c.requests for c in self.cells)} requests failed "
+                         f"(first, in {first.name}: {first.first_error})")
         return "; ".join(parts)
 
 

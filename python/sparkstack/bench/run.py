@@ -39,7 +39,8 @@ def run_bench(plan: BenchPlan, endpoint: Endpoint, *, force: bool = False,
     flags every cell `server_busy` instead."""
     healthy, detail = endpoint.health()
     if not healthy:
-        raise SparkstackError(f"{endpoint.url}/health: {detail}: the server is not serving")
+        where = detail if endpoint.url in detail else f"{endpoint.url}/health: {detail}"
+        raise SparkstackError(f"{where}: the server is not serving")
     model = plan.settings.model or _first_model(endpoint)
     plan = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, model=model))
     start = endpoint.scrape()
