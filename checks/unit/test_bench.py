@@ -230,3 +230,14 @@ def test_the_dry_run_prints_the_plan_and_sends_nothing(run_cli):
     # nothing at all is asked of the server: a dead URL plans the same
     assert run_cli("bench", "http://127.0.0.1:9", "--dry-run", check=0).stdout.splitlines()[2:] == \
         text.stdout.splitlines()[2:]
+
+
+def test_the_standin_reads_its_modes_from_the_environment():
+    """The stand-in as a process (README's bench sample) takes its Behaviour from STANDIN_* variables."""
+    from inprocess_engine import Behaviour
+
+    b = Behaviour.from_env({"STANDIN_ACCEPT_PATTERN": "4,4,3", "STANDIN_CYCLES": "2", "STANDIN_STEP_DELAY": "0.02",
+                            "STANDIN_DELAY_SEQUENCE": "0.1,0.2", "STANDIN_NO_USAGE": "1",
+                            "STANDIN_STEP_DELAY_PER_REQUEST": "0.004", "STANDIN_COUNTERS": '{"drafts": 7}'})
+    assert (b.accept_pattern, b.cycles, b.step_delay, b.delay_sequence) == ((4, 4, 3), 2, 0.02, (0.1, 0.2))
+    assert (b.no_usage, b.step_delay_per_request, b.counters) == (True, 0.004, (("drafts", 7),))
