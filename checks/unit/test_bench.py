@@ -9,7 +9,6 @@ import json
 
 import matplotlib.image
 import pytest
-
 from inprocess_engine import serving
 from sparkstack.bench.batch import Batch, Outcome
 from sparkstack.bench.plan import Block, make_plan

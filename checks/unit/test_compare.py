@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from inprocess_engine import serving
 
 SETTINGS = {"url": "http://127.0.0.1:8888", "model": "m", "concurrency": [1], "rounds": 3, "max_tokens": 512,

@@ -154,8 +154,7 @@ def table(cmp: Comparison):
     from rich.table import Table
 
     t = Table(title=f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}",
-              caption="* beyond the spread (max - min) of the rounds of both runs · ~ within it · "
-                      "? not judged (a withheld figure, or under two rounds)")
+              caption="* beyond the rounds' spread (max - min) in both runs · ~ within · ? not judged")
     for head in ("conc", "category", "tok/s A → B", "change", "accept len A → B", "change", "steps/s A → B",
                  "change", "flags A / B"):
         t.add_column(head, justify="left" if head in ("category", "flags A / B") else "right")

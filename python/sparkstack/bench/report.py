@@ -176,7 +176,8 @@ class Report:
 
 def settings_line(s: dict) -> str:
     """Every value a run used, on one line (from Settings.to_json or a document read back)."""
-    return (f"url {s['url']} · model {s['model'] or '(the server first model)'} · concurrency "
+    model = s["model"] or "(the server's first model)"
+    return (f"url {s['url']} · model {model} · concurrency "
             f"{','.join(map(str, s['concurrency']))} · rounds {s['rounds']} · max_tokens {s['max_tokens']} · "
             f"temperature {s['temperature']} · top_p {s['top_p']} · categories {','.join(s['categories'])}")
 
