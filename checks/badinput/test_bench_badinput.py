@@ -1,6 +1,8 @@
 """`bench` against failing servers and with bad command lines: one clear line each, never a traceback."""
 
 import json
+import threading
+import time
 
 import pytest
 from inprocess_engine import serving
@@ -104,3 +106,36 @@ def test_the_plot_never_replaces_a_file_bench_did_not_write(run_cli, tmp_path):
         assert engine.c["requests"] == 0
     assert proc.returncode == 1 and "refusing to replace it" in one_error_line(proc)
     assert theirs.read_bytes().endswith(b"someone's picture")
+
+
+def test_markup_and_mathtext_in_names_are_text(run_cli, tmp_path):
+    """The model name is the server's and compare's files are anyone's: rich markup or a $ in them is text."""
+    name = "[bold]m[/x] $\\frac$"
+    with serving(model=name, cycles=1) as engine:
+        proc = run_cli("bench", engine.url, *BLOCK, "--json", "--plot", tmp_path / "p.png")
+        human = run_cli("bench", engine.url, *BLOCK)
+    assert proc.returncode == 0 and human.returncode == 0, proc.stderr + human.stderr
+    assert name in human.stdout
+    doc = json.loads(proc.stdout)
+    doc["cells"][0]["category"] = "[/oops]"
+    report = tmp_path / "[odd].json"
+    report.write_text(json.dumps(doc))
+    cmp = run_cli("compare", report, report)
+    assert cmp.returncode == 0 and "[/oops]" in cmp.stdout and "[odd].json" in cmp.stdout, cmp.stderr
+
+
+def test_a_restarted_server_stops_the_bench(run_cli):
+    """Counters that go back during a block (the engine restarted) make its deltas meaningless."""
+    with serving(counters=(("drafts", 1000), ("accepted", 1000)), step_delay=0.05) as engine:
+        def restart():
+            while engine.c["requests"] == 0:
+                time.sleep(0.005)
+            with engine.lock:
+                engine.c.update(drafts=0, accepted=0)
+
+        watcher = threading.Thread(target=restart, daemon=True)
+        watcher.start()
+        proc = run_cli("bench", engine.url, *BLOCK)
+        watcher.join(5)
+    assert proc.returncode == 1
+    assert "c=1 code: the server's counters went back during round 1" in one_error_line(proc)

@@ -848,7 +848,8 @@ class _IntList(click.ParamType):
 class _request_progress:
     """Requests done of planned, per block, on stderr; only on a terminal. Yields on_progress(label, done, planned)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, planned: int, enabled: bool) -> None:
+        self.planned = planned
         self.enabled = enabled and sys.stderr.isatty()
         self._bar = None
 
@@ -861,7 +862,7 @@ class _request_progress:
         self._bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                              TimeElapsedColumn(), console=Console(stderr=True), transient=True)
         self._bar.start()
-        task = self._bar.add_task("bench", total=None)
+        task = self._bar.add_task("bench", total=self.planned)
         return lambda label, done, planned: self._bar.update(task, description=label, completed=done, total=planned)
 
     def __exit__(self, *exc) -> None:
@@ -923,7 +924,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
         return
     endpoint = Endpoint(plan.settings.url, os.environ.get(api_key_env) or None, timeout,
                         connections=max(plan.settings.concurrency))
-    with _request_progress(not as_json) as on_progress:
+    with _request_progress(plan.requests, enabled=not as_json) as on_progress:
         report = run_bench(plan, endpoint, force=force, on_progress=on_progress)
     for w in report.warnings:
         _warn(w)

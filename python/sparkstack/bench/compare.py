@@ -151,22 +151,24 @@ def _fmt(v: float | None, digits: int) -> str:
 
 
 def table(cmp: Comparison):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}",
+    # everything from the files (paths, categories, flags) is text, not markup
+    t = Table(title=escape(f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}"),
               caption="* beyond the rounds' spread (max - min) in both runs · ~ within · ? not judged")
     for head in ("conc", "category", "tok/s A → B", "change", "accept len A → B", "change", "steps/s A → B",
                  "change", "flags A / B"):
         t.add_column(head, justify="left" if head in ("category", "flags A / B") else "right")
     digits = {"output_tok_s": 1, "acceptance_length": 2, "steps_per_s": 2}
     for c in cmp.cells:
-        row = [str(c.concurrency), c.category]
+        row = [str(c.concurrency), escape(c.category)]
         for name in ROUND_FIGURES:
             ch = c.figures[name]
             row.append(f"{_fmt(ch.a, digits[name])} → {_fmt(ch.b, digits[name])}")
             mark = {True: "*", False: "~", None: "?"}[ch.exceeds_spread]
             pct = "-" if ch.change_pct is None else f"{ch.change_pct:+.1f}%"
             row.append(f"[bold]{pct} {mark}[/bold]" if ch.exceeds_spread else f"{pct} {mark}")
-        row.append(f"{' '.join(c.flags_a) or '-'} / {' '.join(c.flags_b) or '-'}")
+        row.append(escape(f"{' '.join(map(str, c.flags_a)) or '-'} / {' '.join(map(str, c.flags_b)) or '-'}"))
         t.add_row(*row)
     return t

@@ -91,10 +91,10 @@ def render_png(doc: dict) -> bytes:
     if shown:
         pos_ax.legend(fontsize="small")
     flagged = [f"c={c['concurrency']} {c['category']}" for c in doc["cells"] if c["flags"]]
-    fig.suptitle(f"sparkstack bench · suite v{doc['suite_version']} · {s['url']} · model {s['model']} · "
-                 f"temperature {s['temperature']} · top_p {s['top_p']} · max_tokens {s['max_tokens']} · "
-                 f"rounds {s['rounds']}"
-                 + (f"\nflagged, not shown: {', '.join(flagged)}" if flagged else ""), fontsize="medium")
+    title = (f"sparkstack bench · suite v{doc['suite_version']} · {s['url']} · model {s['model']} · "
+             f"temperature {s['temperature']} · top_p {s['top_p']} · max_tokens {s['max_tokens']} · "
+             f"rounds {s['rounds']}" + (f"\nflagged, not shown: {', '.join(flagged)}" if flagged else ""))
+    fig.suptitle(title.replace("$", r"\$"), fontsize="medium")  # a $ in the model name or URL is not mathtext
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={outputs.WRITTEN_BY: COMMAND})
     return buf.getvalue()

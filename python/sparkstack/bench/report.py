@@ -192,19 +192,21 @@ def _num(v: float | None, fmt: str = ".1f") -> str:
 
 def table(doc: dict):
     """A rich table of a bench JSON document (ours or one read back), settings in its caption."""
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"sparkstack bench · suite v{doc['suite_version']}", caption=settings_line(doc["settings"]))
+    t = Table(title=escape(f"sparkstack bench · suite v{doc['suite_version']}"),
+              caption=escape(settings_line(doc["settings"])))  # the model name is the server's: not markup
     for head in ("conc", "category", "tok/s", "tok/s /stream", "TTFT chunk p50 ms", "TTFT content p50/p95 ms",
                  "ITL p50/p95/p99 ms", "TPOT p50 ms", "accept len", "per position", "steps/s /stream", "errors",
                  "flags"):
         t.add_column(head, justify="left" if head in ("category", "per position", "flags") else "right")
     for c in doc["cells"]:
         pos = c["per_position"]
-        t.add_row(str(c["concurrency"]), c["category"], _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
+        t.add_row(str(c["concurrency"]), escape(c["category"]), _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
                   _ms(c["ttft_first_chunk_p50_s"]), f"{_ms(c['ttft_content_p50_s'])}/{_ms(c['ttft_content_p95_s'])}",
                   "/".join(_ms(c[k]) for k in ("itl_p50_s", "itl_p95_s", "itl_p99_s")), _ms(c["tpot_p50_s"]),
                   _num(c["acceptance_length"], ".2f"), "-" if pos is None else "/".join(f"{p:.2f}" for p in pos),
                   _num(c["steps_per_s"]), str(c["errors"]),
-                  "[red]" + " ".join(c["flags"]) + "[/red]" if c["flags"] else "")
+                  "[red]" + escape(" ".join(c["flags"])) + "[/red]" if c["flags"] else "")
     return t
