@@ -828,6 +828,8 @@ def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
     failed = verdict(results)
     if failed:
         _fail(failed)
+
+
 # ---------------------------------------------------------------- bench / compare
 
 
