@@ -1,7 +1,7 @@
 # One app per CLI command that exists today, each a thin wrapper over the CLI. `launch` and `ship` pass
 # the image this flake built (its store path) as --image, so `nix run .#launch -- 0` runs exactly it and
 # `nix run .#ship` sends exactly it; a dry run builds it too, because the tag comes from its config digest.
-# Not wired, because the command does not exist yet: bench.
+# Every command has its app; soak and top get theirs when they land.
 { pkgs, sparkstack, image }:
 let
   app = name: args: {
@@ -24,4 +24,6 @@ in
   tune = app "tune" "tune";
   soak = app "soak" "soak";
   top = app "top" "top";
+  bench = app "bench" "bench";
+  compare = app "compare" "compare";
 }

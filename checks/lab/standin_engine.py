@@ -79,6 +79,7 @@ class Behaviour:
     hang: bool = False                    # chat requests never answer
     counters: tuple = ()                  # (name, value) pairs the counters start from
     api_key: str = ""                     # /v1/ requests need "Authorization: Bearer <key>", as vLLM's --api-key
+    step_delay_per_request: float = 0.0   # added to each step per running request: a bigger batch steps slower
 
     @classmethod
     def from_env(cls, env) -> "Behaviour":
@@ -201,7 +202,7 @@ class Engine:
         for k in range(len(pattern) * self.b.cycles):
             if sent >= budget or self.stopping.is_set():
                 return
-            time.sleep(delay)
+            time.sleep(delay + self.b.step_delay_per_request * self.running)
             a = pattern[k % len(pattern)]
             self.record_step(a)
             n = min(a + 1, budget - sent)
@@ -283,6 +284,7 @@ class Engine:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as uvicorn: a small SSE chunk goes out now, not after the client's delayed ACK
 
     def log_message(self, *a):
         pass

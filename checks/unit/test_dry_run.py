@@ -58,6 +58,10 @@ INVOCATIONS = {
     # soak's real run sends chat requests (the engine counts them) and writes its log; top only reads /metrics.
     ("soak",): ([["{engine_url}", "--duration", "2s", "--max-requests", "2", "--health-interval", "0.2"]], False),
     ("top",): ([["{engine_url}", "--once", "--interval", "0.1"]], True),
+    # bench streams chats to the API stand-in and writes its plot; under --dry-run it may not even ask (below).
+    ("bench",): ([["{engine_url}", "--concurrency", "1,2", "--rounds", "1", "--category", "count",
+                   "--plot", "{bench_plot}"]], False),
+    ("compare",): ([["{bench_report}", "{bench_report}"]], True),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 
@@ -137,6 +141,10 @@ def world(tmp_path):
     for knob in ("VLLM_API_KEY", "SPARKSTACK_RECIPES", "SPARKSTACK_OVERLAY_SRC"):
         w["env"][knob] = ""
     w["env"]["SPARKSTACK_REGISTRY_MIRROR"] = standin.url
+    w.update(bench_plot=tmp_path / "bench.png", bench_report=tmp_path / "bench.json")
+    w["bench_report"].write_text(json.dumps({"suite_version": "1", "settings": {
+        "url": "http://127.0.0.1:8888", "model": "m", "concurrency": [1], "rounds": 1, "max_tokens": 8,
+        "temperature": 1.0, "top_p": 0.95, "categories": []}, "cells": []}))
     with serving() as engine:  # the API server commands that verify, bench or watch an endpoint talk to
         w.update(engine=engine, engine_url=engine.url)
         yield w

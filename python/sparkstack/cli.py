@@ -801,11 +801,20 @@ class _multi_progress:
 # ---------------------------------------------------------------- verify
 
 
+_api_key_env_opt = click.option("--api-key-env", default="VLLM_API_KEY", show_default=True, metavar="VAR",
+                                help="Environment variable holding the API key; a key never goes on the command line.")
+
+
+def _api_key(name: str) -> str | None:
+    from sparkstack.endpoint.client import api_key_from
+
+    return api_key_from(name, os.environ)
+
+
 @main.command("verify")
 @click.argument("url")
 @click.option("--model", default=None, help="Model to ask (default: the first one /v1/models lists).")
-@click.option("--api-key-env", default="VLLM_API_KEY", show_default=True, metavar="VAR",
-              help="Environment variable holding the API key; a key never goes on the command line.")
+@_api_key_env_opt
 @click.option("--timeout", type=FiniteFloat(0.1, 86400), default=300.0, show_default=True,
               help="Seconds for the whole run; each request waits at most what is left of it.")
 @click.option("--dry-run", is_flag=True, help="Print the checks it would run; send no request.")
@@ -821,7 +830,7 @@ def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
     if dry_run:
         _print_json(plan.to_json()) if as_json else click.echo("\n".join(plan.lines()))
         return
-    results = run_verify(plan, os.environ.get(plan.api_key_env) or None,
+    results = run_verify(plan, _api_key(plan.api_key_env),
                          on_result=None if as_json else lambda r: click.echo(r.line()))
     if as_json:
         _print_json({"checks": [r.to_json() for r in results]})
@@ -831,18 +840,6 @@ def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
 
 
 # ---------------------------------------------------------------- soak / top
-
-
-_api_key_env_opt = click.option("--api-key-env", default="VLLM_API_KEY", show_default=True, metavar="VAR",
-                                help="Environment variable holding the API key; a key never goes on the command line.")
-
-
-def _api_key(name: str) -> str | None:
-    from sparkstack.verify.run import ENV_NAME
-
-    if not ENV_NAME.fullmatch(name):  # never echoed: a key given here by mistake must not reach the terminal
-        raise UsageError("--api-key-env takes the NAME of an environment variable (letters, digits, _), not a key")
-    return os.environ.get(name) or None
 
 
 class Duration(click.ParamType):
@@ -859,6 +856,53 @@ class Duration(click.ParamType):
             return parse_duration(str(value))
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
+# ---------------------------------------------------------------- bench / compare
+
+
+class _IntList(click.ParamType):
+    """Comma-separated whole numbers of at least 1, e.g. 1,2,4."""
+
+    name = "N,N,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        if not all(p.isdigit() and 1 <= int(p) <= 1024 for p in parts):
+            self.fail(f"{value!r} is not a comma-separated list of whole numbers from 1 to 1024", param, ctx)
+        return tuple(int(p) for p in parts)
+
+
+class _request_progress:
+    """Requests done of planned, per block, on stderr; only on a terminal. Yields on_progress(label, done, planned)."""
+
+    def __init__(self, planned: int, enabled: bool) -> None:
+        self.planned = planned
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self._bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("bench", total=self.planned)
+        return lambda label, done, planned: self._bar.update(task, description=label, completed=done, total=planned)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _print_rich(renderable) -> None:
+    from rich.console import Console
+
+    # off a terminal rich would wrap at 80 columns: the tables are wider
+    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
 
 
 @main.command()
@@ -987,6 +1031,92 @@ def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
                 live.update(view.screen(url, interval, history, state, pool, pool_note, live=True), refresh=True)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how top is quit
+@click.option("--concurrency", type=_IntList(), default=None, help="Concurrent streams per block  [default: 1,2,3,4,5,6]")
+@click.option("--rounds", type=click.IntRange(1, 100), default=None, help="Rounds per block  [default: 3]")
+@click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=None, help="max_tokens per request  [default: 512]")
+@click.option("--temperature", type=FiniteFloat(0, 2), default=None, help="Sampling temperature  [default: 1.0]")
+@click.option("--top-p", type=FiniteFloat(0, 1), default=None, help="Sampling top_p  [default: 0.95]")
+@click.option("--category", "categories", multiple=True, metavar="NAME",
+              help="A suite category to run (repeatable; default: all of code, json, prose, tool-args, count).")
+@click.option("--model", default=None, help="Model to ask for (default: the first the server lists).")
+@_api_key_env_opt
+@click.option("--timeout", type=FiniteFloat(0.1, 3600), default=60.0, show_default=True,
+              help="Seconds to wait for any answer or stream data.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, metavar="PNG",
+              help="Also draw tok/s and acceptance length against concurrency, and per-position acceptance.")
+@click.option("--force", is_flag=True, help="Bench a server that is already running requests (cells flagged server_busy).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (blocks, requests, settings); send nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (the contract compare reads).")
+@one_line_errors
+def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, model, api_key_env, timeout, plot,
+          force, dry_run, as_json) -> None:
+    """Measure a served stack on the fixed prompt suite: one block per (concurrency, category); exit 1 on a fault."""
+    from sparkstack.bench.plan import make_plan
+    from sparkstack.bench.plot import check_destination, write_plot
+    from sparkstack.bench.report import settings_line, table
+    from sparkstack.bench.run import run_bench
+    from sparkstack.endpoint.client import Endpoint
+
+    given = {"concurrency": concurrency, "rounds": rounds, "max_tokens": max_tokens, "temperature": temperature,
+             "top_p": top_p}
+    names = tuple(n.strip() for c in categories for n in c.split(",") if n.strip())
+    plan = make_plan(url, categories=names, model=model, **{k: v for k, v in given.items() if v is not None})
+    if plot is not None:
+        check_destination(plot)
+    if dry_run:
+        if as_json:
+            _print_json(plan.to_json())
+            return
+        click.echo(f"would bench {plan.settings.url}: {len(plan.blocks)} blocks, {plan.requests} requests "
+                   "(a noisy block runs once more); sends nothing (--dry-run)")
+        click.echo(f"suite v{plan.suite.version}; {settings_line(plan.settings.to_json())}")
+        for b in plan.blocks:
+            click.echo(f"  {b.name}: {b.rounds} rounds x {b.concurrency} streams = {b.requests} requests")
+        return
+    endpoint = Endpoint(plan.settings.url, _api_key(api_key_env), timeout,
+                        connections=max(plan.settings.concurrency))
+    with _request_progress(plan.requests, enabled=not as_json) as on_progress:
+        report = run_bench(plan, endpoint, force=force, on_progress=on_progress)
+    for w in report.warnings:
+        _warn(w)
+    doc = report.to_json()
+    if plot is not None:
+        write_plot(doc, plot)
+    notes = [n for c in report.cells for n in c.notes()]
+    if as_json:
+        _print_json(doc)
+        for n in notes:
+            _warn(n)
+    else:
+        _print_rich(table(doc))
+        for n in notes:
+            click.echo(n)
+    verdict = report.verdict()
+    if verdict:
+        _fail(verdict)
+
+
+@main.command()
+@click.argument("report_a", type=click.Path(path_type=Path))
+@click.argument("report_b", type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Accepted for uniformity: compare only reads.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def compare(report_a, report_b, dry_run, as_json) -> None:
+    """Per-cell change from bench report A to B, marking changes beyond the spread of each run's rounds."""
+    from sparkstack.bench.compare import compare as compare_reports
+    from sparkstack.bench.compare import table
+    from sparkstack.bench.report import settings_line
+
+    cmp = compare_reports(report_a, report_b)
+    if cmp.settings_differ:
+        _warn("settings differ: " + "; ".join(cmp.settings_differ))
+    if as_json:
+        _print_json(cmp.to_json())
+        return
+    _print_rich(table(cmp))
+    click.echo(f"A: {settings_line(cmp.a[1])}")
+    click.echo(f"B: {settings_line(cmp.b[1])}")
 
 
 class StdoutClosed(Exception):

@@ -8,16 +8,32 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
 
 from ..errors import SparkstackError, UsageError
 from . import metrics, sse
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")  # current vLLM first, then older builds
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_key_env(name: str) -> str:
+    """The name of the variable that holds the API key; never echoed (a key typed here must not reach a terminal)."""
+    if not ENV_NAME.fullmatch(name):
+        raise UsageError("--api-key-env takes the NAME of an environment variable (letters, digits, _), not a key")
+    return name
+
+
+def api_key_from(name: str, environ: Mapping[str, str]) -> str | None:
+    """The API key from the variable `name` (checked first); None when it is unset or empty."""
+    return environ.get(check_key_env(name)) or None
 
 
 class EndpointError(SparkstackError):
@@ -130,11 +146,15 @@ class _Accumulator:
 class Endpoint:
     """One server. The API key comes from the caller (read from an environment variable, never argv)."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0, connections: int = 10) -> None:
         self.url = base_url(url)
         self.timeout = timeout
         self.session = requests.Session()
         self.session.trust_env = False  # no proxy or .netrc from the environment: the key goes only to this URL
+        # one pooled connection per concurrent stream: beyond its pool, requests drops connections with a warning
+        pool = HTTPAdapter(pool_maxsize=max(connections, 10))
+        self.session.mount("http://", pool)
+        self.session.mount("https://", pool)
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..checkline import check_line
-from ..endpoint.client import Endpoint, EndpointError, base_url
+from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env
 from ..errors import SparkstackError, UsageError
 from .checks import CHECKS, Check, CheckFailed, OutOfTime, Session
-
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -52,9 +49,7 @@ class Result:
 
 def plan_verify(url: str, model: str | None, api_key_env: str, env: Mapping[str, str], timeout_s: float) -> VerifyPlan:
     """The plan; `env` is only asked whether the key's variable is set."""
-    if not ENV_NAME.fullmatch(api_key_env):
-        # never echo it: a key given here by mistake must not reach the terminal or a log
-        raise UsageError("--api-key-env takes the NAME of an environment variable (letters, digits, _), not a key")
+    check_key_env(api_key_env)
     if model is not None and not model.strip():
         raise UsageError("--model must not be empty")
     return VerifyPlan(base_url(url), model, api_key_env, bool(env.get(api_key_env)), timeout_s, CHECKS)

@@ -1,0 +1,141 @@
+"""`bench` against failing servers and with bad command lines: one clear line each, never a traceback."""
+
+import json
+import threading
+import time
+
+import pytest
+from inprocess_engine import serving
+
+
+def one_error_line(proc) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("sparkstack: error: "), proc.stderr
+    return lines[-1]
+
+
+BLOCK = ["--concurrency", "1", "--rounds", "1", "--category", "code"]
+
+
+@pytest.mark.parametrize("fields,args,says", [
+    ({"malformed": True}, [], "a stream event is not a chat chunk"),
+    ({"fail_every": 1}, [], "HTTP 500: stand-in failure, as asked"),
+    ({"hang": True}, ["--timeout", "1"], "no data for 1 s"),
+])
+def test_a_failing_server_is_one_line(run_cli, fields, args, says):
+    with serving(**fields) as engine:
+        proc = run_cli("bench", engine.url, *BLOCK, *args)
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert proc.stderr.strip() == line and "c=1 code: every request of round 1 failed" in line and says in line
+
+
+def test_some_failed_requests_are_counted_and_fail_the_run(run_cli):
+    # every 2nd request answers 500: at concurrency 2, one of each round's two
+    with serving(fail_every=2, cycles=1) as engine:
+        proc = run_cli("bench", engine.url, "--json", "--concurrency", "2", "--rounds", "2", "--category", "code")
+    assert proc.returncode == 1
+    (cell,) = json.loads(proc.stdout)["cells"]
+    assert cell["errors"] == 2
+    assert cell["drafts"] == 2 * 4  # the two that succeeded, one pass of the default pattern each
+    assert "2 of 4 requests failed (first, in c=2 code: chat: HTTP 500" in one_error_line(proc)
+
+
+def test_a_dead_engine_is_one_line(run_cli):
+    with serving() as engine:
+        url = engine.url
+    proc = run_cli("bench", url, *BLOCK)
+    assert proc.returncode == 1
+    assert "/health: " in one_error_line(proc) and "not serving" in proc.stderr
+
+
+def test_a_server_without_metrics_says_so(run_cli):
+    with serving(metrics="none") as engine:
+        proc = run_cli("bench", engine.url, *BLOCK)
+    assert proc.returncode == 1
+    assert "sparkstack: warning: " in proc.stderr and "/metrics: not found (404)" in proc.stderr
+    assert "no_spec_metrics" in one_error_line(proc)
+
+
+def test_garbage_on_metrics_is_one_line(run_cli):
+    with serving() as engine:
+        engine.metrics_text = lambda: "this is { not prometheus\n"
+        proc = run_cli("bench", engine.url, *BLOCK)
+    assert proc.returncode == 1 and "/metrics is not Prometheus text exposition" in one_error_line(proc)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--concurrency", "0"], "--concurrency"),
+    (["--concurrency", "1,x"], "--concurrency"),
+    (["--concurrency", ""], "--concurrency"),
+    (["--rounds", "0"], "--rounds"),
+    (["--max-tokens", "-1"], "--max-tokens"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--category", "poetry"], "unknown category 'poetry'"),
+    (["--plot", "/nonexistent-dir/x.png"], "no such directory"),
+    (["--timeout", "inf"], "--timeout"),
+])
+def test_bad_options_are_usage_errors_and_send_nothing(run_cli, args, says):
+    with serving() as engine:
+        proc = run_cli("bench", engine.url, *args)
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 2 and says in one_error_line(proc)
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/", "127.0.0.1:8000", "http://127.0.0.1:99999", "http://h/?q=1"])
+def test_bad_urls_are_usage_errors(run_cli, url):
+    proc = run_cli("bench", url, "--dry-run")
+    assert proc.returncode == 2 and "URL" in one_error_line(proc)
+
+
+def test_the_plot_path_is_checked_before_the_run(run_cli, tmp_path):
+    with serving() as engine:
+        proc = run_cli("bench", engine.url, *BLOCK, "--plot", tmp_path)
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 2 and "is a directory" in one_error_line(proc)
+
+
+def test_the_plot_never_replaces_a_file_bench_did_not_write(run_cli, tmp_path):
+    theirs = tmp_path / "holiday.png"
+    theirs.write_bytes(b"\x89PNG\r\n\x1a\n" + b"someone's picture")
+    with serving() as engine:
+        proc = run_cli("bench", engine.url, *BLOCK, "--plot", theirs)
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 1 and "refusing to replace it" in one_error_line(proc)
+    assert theirs.read_bytes().endswith(b"someone's picture")
+
+
+def test_markup_and_mathtext_in_names_are_text(run_cli, tmp_path):
+    """The model name is the server's and compare's files are anyone's: rich markup or a $ in them is text."""
+    name = "[bold]m[/x] $\\frac$"
+    with serving(model=name, cycles=1) as engine:
+        proc = run_cli("bench", engine.url, *BLOCK, "--json", "--plot", tmp_path / "p.png")
+        human = run_cli("bench", engine.url, *BLOCK)
+    assert proc.returncode == 0 and human.returncode == 0, proc.stderr + human.stderr
+    assert name in human.stdout
+    doc = json.loads(proc.stdout)
+    doc["cells"][0]["category"] = "[/oops]"
+    report = tmp_path / "[odd].json"
+    report.write_text(json.dumps(doc))
+    cmp = run_cli("compare", report, report)
+    assert cmp.returncode == 0 and "[/oops]" in cmp.stdout and "[odd].json" in cmp.stdout, cmp.stderr
+
+
+def test_a_restarted_server_stops_the_bench(run_cli):
+    """Counters that go back during a block (the engine restarted) make its deltas meaningless."""
+    with serving(counters=(("drafts", 1000), ("accepted", 1000)), step_delay=0.05) as engine:
+        def restart():
+            while engine.c["requests"] == 0:
+                time.sleep(0.005)
+            with engine.lock:
+                engine.c.update(drafts=0, accepted=0)
+
+        watcher = threading.Thread(target=restart, daemon=True)
+        watcher.start()
+        proc = run_cli("bench", engine.url, *BLOCK)
+        watcher.join(5)
+    assert proc.returncode == 1
+    assert "c=1 code: the server's counters went back during round 1" in one_error_line(proc)

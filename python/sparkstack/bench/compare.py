@@ -1,0 +1,174 @@
+"""Two bench JSON documents, cell by cell: the change in each per-round figure, and whether it exceeds the spread
+of the rounds within each run (|B - A| greater than max - min of A's rounds and of B's rounds)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ..errors import SparkstackError
+from .plan import Settings
+from .report import RESULTS, ROUND_FIGURES, SPEC_RESULTS
+
+MAX_BYTES = 64 << 20
+CELL_KEYS = ("concurrency", "category", *RESULTS, "errors", "drafts", "draft_tokens", "accepted_tokens",
+             *SPEC_RESULTS, "rounds", "flags")
+SETTINGS_KEYS = tuple(f.name for f in fields(Settings))
+
+
+def _number(v: object) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def read_report(path: Path) -> dict:
+    """A bench --json document, checked against the contract; anything else is one clear error."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise SparkstackError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a bench report")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise SparkstackError(f"{path}: not JSON: not a bench report (sparkstack bench --json)") from None
+
+    def bad(where: str, what: str) -> SparkstackError:
+        return SparkstackError(f"{path}: {where}: {what}: not a bench report (sparkstack bench --json)")
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("suite_version"), str):
+        raise bad("suite_version", "missing or not a string")
+    settings = doc.get("settings")
+    if not isinstance(settings, dict) or any(k not in settings for k in SETTINGS_KEYS):
+        raise bad("settings", f"not an object with {', '.join(SETTINGS_KEYS)}")
+    cells = doc.get("cells")
+    if not isinstance(cells, list):
+        raise bad("cells", "not a list")
+    for i, c in enumerate(cells):
+        if not isinstance(c, dict):
+            raise bad(f"cells[{i}]", "not an object")
+        missing = [k for k in CELL_KEYS if k not in c]
+        if missing:
+            raise bad(f"cells[{i}]", f"no {missing[0]!r}")
+        if not isinstance(c["concurrency"], int) or not isinstance(c["category"], str):
+            raise bad(f"cells[{i}]", "concurrency or category of the wrong type")
+        if not all(_number(c[k]) for k in ROUND_FIGURES) or not isinstance(c["flags"], list):
+            raise bad(f"cells[{i}]", "a figure that is not a number")
+        rounds = c["rounds"]
+        if not isinstance(rounds, list) or not all(isinstance(r, dict) and all(_number(r.get(k)) for k in ROUND_FIGURES)
+                                                   for r in rounds):
+            raise bad(f"cells[{i}].rounds", "not a list of round figures")
+    keys = [(c["concurrency"], c["category"]) for c in cells]
+    if len(set(keys)) != len(keys):
+        raise bad("cells", "a (concurrency, category) cell twice")
+    return doc
+
+
+@dataclass(frozen=True)
+class Change:
+    a: float | None
+    b: float | None
+    spread_a: float | None  # max - min of the run's rounds; None with under two rounds
+    spread_b: float | None
+
+    @property
+    def change(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def change_pct(self) -> float | None:
+        return None if self.change is None or not self.a else 100 * self.change / self.a
+
+    @property
+    def exceeds_spread(self) -> bool | None:
+        """None when it cannot be judged: a withheld figure, or a run with under two rounds."""
+        if self.change is None or self.spread_a is None or self.spread_b is None:
+            return None
+        return abs(self.change) > max(self.spread_a, self.spread_b)
+
+    def to_json(self) -> dict:
+        return {"a": self.a, "b": self.b, "change": self.change, "change_pct": self.change_pct,
+                "spread_a": self.spread_a, "spread_b": self.spread_b, "exceeds_spread": self.exceeds_spread}
+
+
+def _range(cell: dict, name: str) -> float | None:
+    xs = [r[name] for r in cell["rounds"] if r.get(name) is not None]
+    return max(xs) - min(xs) if len(xs) >= 2 else None
+
+
+@dataclass(frozen=True)
+class CellChange:
+    concurrency: int
+    category: str
+    figures: dict[str, Change]
+    flags_a: tuple[str, ...]
+    flags_b: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"concurrency": self.concurrency, "category": self.category, "flags_a": list(self.flags_a),
+                "flags_b": list(self.flags_b), "figures": {k: v.to_json() for k, v in self.figures.items()}}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    suite_version: str
+    a: tuple[str, dict]  # (path, settings)
+    b: tuple[str, dict]
+    cells: tuple[CellChange, ...]
+
+    @property
+    def settings_differ(self) -> list[str]:
+        sa, sb = self.a[1], self.b[1]
+        return [f"{k} {sa[k]} -> {sb[k]}" for k in SETTINGS_KEYS if k != "url" and sa[k] != sb[k]]
+
+    def to_json(self) -> dict:
+        return {"suite_version": self.suite_version,
+                "a": {"path": self.a[0], "settings": self.a[1]}, "b": {"path": self.b[0], "settings": self.b[1]},
+                "settings_differ": self.settings_differ, "cells": [c.to_json() for c in self.cells]}
+
+
+def compare(path_a: Path, path_b: Path) -> Comparison:
+    a, b = read_report(path_a), read_report(path_b)
+    if a["suite_version"] != b["suite_version"]:
+        raise SparkstackError(f"suite versions differ ({path_a}: v{a['suite_version']}, {path_b}: "
+                              f"v{b['suite_version']}): their prompts differ, so their figures do not compare")
+    cells_a = {(c["concurrency"], c["category"]): c for c in a["cells"]}
+    cells_b = {(c["concurrency"], c["category"]): c for c in b["cells"]}
+    if list(cells_a) != list(cells_b):
+        only = sorted(set(cells_a) ^ set(cells_b))
+        what = f"c={only[0][0]} {only[0][1]} is in one only" if only else "the cells are in another order"
+        raise SparkstackError(f"the runs have different shapes ({len(cells_a)} and {len(cells_b)} cells; {what}): "
+                              "bench both with the same --concurrency and --category")
+    changes = []
+    for key, ca in cells_a.items():
+        cb = cells_b[key]
+        figs = {name: Change(ca[name], cb[name], _range(ca, name), _range(cb, name)) for name in ROUND_FIGURES}
+        changes.append(CellChange(key[0], key[1], figs, tuple(ca["flags"]), tuple(cb["flags"])))
+    return Comparison(a["suite_version"], (str(path_a), a["settings"]), (str(path_b), b["settings"]), tuple(changes))
+
+
+def _fmt(v: float | None, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def table(cmp: Comparison):
+    from rich.markup import escape
+    from rich.table import Table
+
+    # everything from the files (paths, categories, flags) is text, not markup
+    t = Table(title=escape(f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}"),
+              caption="* beyond the rounds' spread (max - min) in both runs · ~ within · ? not judged")
+    for head in ("conc", "category", "tok/s A → B", "change", "accept len A → B", "change", "steps/s A → B",
+                 "change", "flags A / B"):
+        t.add_column(head, justify="left" if head in ("category", "flags A / B") else "right")
+    digits = {"output_tok_s": 1, "acceptance_length": 2, "steps_per_s": 2}
+    for c in cmp.cells:
+        row = [str(c.concurrency), escape(c.category)]
+        for name in ROUND_FIGURES:
+            ch = c.figures[name]
+            row.append(f"{_fmt(ch.a, digits[name])} → {_fmt(ch.b, digits[name])}")
+            mark = {True: "*", False: "~", None: "?"}[ch.exceeds_spread]
+            pct = "-" if ch.change_pct is None else f"{ch.change_pct:+.1f}%"
+            row.append(f"[bold]{pct} {mark}[/bold]" if ch.exceeds_spread else f"{pct} {mark}")
+        row.append(escape(f"{' '.join(map(str, c.flags_a)) or '-'} / {' '.join(map(str, c.flags_b)) or '-'}"))
+        t.add_row(*row)
+    return t

@@ -1,0 +1,212 @@
+"""A bench's figures: one cell per block, computed from its batches, with its faults; the JSON contract other
+tools read; the table.
+
+A flagged cell's result figures are withheld (null in JSON, a dash in the table): a fault is never reported as a
+result. Its counters (drafts, draft and accepted tokens, errors) and its rounds stay, as the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..endpoint import metrics, stats
+from .batch import Batch
+from .plan import Block, Settings
+
+SPEC_DECODE_COLLAPSE = "spec_decode_collapse"
+NO_SPEC_METRICS = "no_spec_metrics"
+SERVER_BUSY = "server_busy"
+NOISY = "noisy"
+FLAG_ORDER = (SPEC_DECODE_COLLAPSE, NO_SPEC_METRICS, SERVER_BUSY, NOISY)
+NOISY_SPREAD = 0.10  # rounds further apart than this, as a fraction of their mean, are noise, not a figure
+
+# The result figures of a cell, in contract order; withheld when the cell is flagged.
+RESULTS = ("output_tok_s", "per_stream_tok_s", "ttft_first_chunk_p50_s", "ttft_content_p50_s", "ttft_content_p95_s",
+           "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_p50_s")
+SPEC_RESULTS = ("acceptance_length", "per_position", "steps_per_s")
+COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+ROUND_FIGURES = ("output_tok_s", "acceptance_length", "steps_per_s")
+
+
+@dataclass(frozen=True)
+class Round:
+    output_tok_s: float | None
+    acceptance_length: float | None
+    steps_per_s: float | None
+
+    def to_json(self) -> dict:
+        return {name: getattr(self, name) for name in ROUND_FIGURES}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One block's figures as measured (flags withhold them only on output)."""
+    concurrency: int
+    category: str
+    figures: dict[str, float | None]  # RESULTS
+    errors: int
+    spec: metrics.SpecDelta | None
+    steps_per_s: float | None
+    rounds: tuple[Round, ...]
+    flags: tuple[str, ...]
+    requests: int = 0  # sent, failed ones included
+    first_error: str | None = None
+    rerun: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"c={self.concurrency} {self.category}"
+
+    def to_json(self) -> dict:
+        flagged = bool(self.flags)
+        spec = self.spec
+        doc: dict = {"concurrency": self.concurrency, "category": self.category}
+        doc |= {k: None if flagged else self.figures[k] for k in RESULTS}
+        doc["errors"] = self.errors
+        doc |= dict(zip(COUNTERS, (_count(spec.drafts), _count(spec.draft_tokens), _count(spec.accepted))
+                        if spec else (None, None, None)))
+        doc["acceptance_length"] = None if flagged or spec is None else spec.acceptance_length
+        doc["per_position"] = None if flagged or spec is None else list(spec.per_position)
+        doc["steps_per_s"] = None if flagged else self.steps_per_s
+        doc["rounds"] = [r.to_json() for r in self.rounds]
+        doc["flags"] = list(self.flags)
+        return doc
+
+    def notes(self) -> list[str]:
+        """Why each flag is there, with its evidence; and a rerun that cleared the noise."""
+        out = []
+        if self.rerun and NOISY not in self.flags:
+            out.append(f"{self.name}: rerun: its first rounds spread over {NOISY_SPREAD:.0%}; the rerun's figures "
+                       "are reported")
+        for flag in self.flags:
+            if flag == SPEC_DECODE_COLLAPSE and self.spec:
+                out.append(f"{self.name}: {flag}: acceptance length {self.spec.acceptance_length:.3f} over "
+                           f"{self.spec.drafts:g} drafts: drafts are (almost) all rejected (vLLM #53030)")
+            elif flag == NO_SPEC_METRICS:
+                out.append(f"{self.name}: {flag}: the server exposes no spec-decode counters on /metrics")
+            elif flag == SERVER_BUSY:
+                out.append(f"{self.name}: {flag}: requests were running when the bench started")
+            elif flag == NOISY:
+                tok = [r.output_tok_s for r in self.rounds]
+                out.append(f"{self.name}: {flag}: rounds spread {stats.spread(tok):.0%} in tok/s ("
+                           + ", ".join(f"{t:.1f}" for t in tok) + ") after one rerun")
+        return out
+
+
+def _count(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _round(batch: Batch) -> Round:
+    results = batch.results
+    decode = sum(r.decode_s or 0.0 for r in results)
+    spec = batch.spec
+    tokens = sum(r.output_tokens for r in results)
+    return Round(tokens / batch.wall_s if batch.wall_s > 0 else None,
+                 spec.acceptance_length if spec else None,
+                 spec.drafts / decode if spec and decode > 0 else None)
+
+
+def noisy(batches: list[Batch]) -> bool:
+    spread = stats.spread([_round(b).output_tok_s for b in batches])
+    return spread is not None and spread > NOISY_SPREAD
+
+
+def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool = False) -> Cell:
+    """The cell of one block from its rounds' batches (chained scrapes: the first's before, the last's after)."""
+    results = [r for b in batches for r in b.results]
+    failures = [o for b in batches for o in b.failures]
+    first, last = batches[0], batches[-1]
+    spec = metrics.spec_delta(first.before, last.after) if first.before and last.after else None
+    decode = sum(r.decode_s or 0.0 for r in results)
+    decoded = sum(r.output_tokens - 1 for r in results if r.decode_s)  # tokens after the first, as decoded
+    wall = sum(b.wall_s for b in batches)
+    ttft_content = [r.first_token_s for r in results]
+    itls = [x for r in results for x in r.itls_s]
+    figures = {
+        "output_tok_s": sum(r.output_tokens for r in results) / wall if wall > 0 else None,
+        "per_stream_tok_s": decoded / decode if decode > 0 else None,
+        "ttft_first_chunk_p50_s": stats.percentile([r.first_chunk_s for r in results], 50),
+        "ttft_content_p50_s": stats.percentile(ttft_content, 50),
+        "ttft_content_p95_s": stats.percentile(ttft_content, 95),
+        "itl_p50_s": stats.percentile(itls, 50),
+        "itl_p95_s": stats.percentile(itls, 95),
+        "itl_p99_s": stats.percentile(itls, 99),
+        "tpot_p50_s": stats.percentile([r.tpot_s for r in results], 50),
+    }
+    found = set(flags)
+    if spec is None:
+        found.add(NO_SPEC_METRICS)
+    elif spec.collapsed:
+        found.add(SPEC_DECODE_COLLAPSE)
+    return Cell(block.concurrency, block.category, figures, len(failures), spec,
+                spec.drafts / decode if spec and decode > 0 else None, tuple(_round(b) for b in batches),
+                tuple(f for f in FLAG_ORDER if f in found), len(results) + len(failures),
+                failures[0].error if failures else None, rerun)
+
+
+@dataclass(frozen=True)
+class Report:
+    suite_version: str
+    settings: Settings
+    cells: tuple[Cell, ...]
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"suite_version": self.suite_version, "settings": self.settings.to_json(),
+                "cells": [c.to_json() for c in self.cells]}
+
+    @property
+    def errors(self) -> int:
+        return sum(c.errors for c in self.cells)
+
+    def verdict(self) -> str:
+        """'' when every cell is a result; otherwise one line saying why the run failed."""
+        parts = []
+        flagged = [c for c in self.cells if c.flags]
+        if flagged:
+            names = sorted({f for c in flagged for f in c.flags}, key=FLAG_ORDER.index)
+            parts.append(f"{len(flagged)} of {len(self.cells)} cells flagged ({', '.join(names)}): not results")
+        if self.errors:
+            first = next(c for c in self.cells if c.errors)
+            parts.append(f"{self.errors} of {sum(c.requests for c in self.cells)} requests failed "
+                         f"(first, in {first.name}: {first.first_error})")
+        return "; ".join(parts)
+
+
+def settings_line(s: dict) -> str:
+    """Every value a run used, on one line (from Settings.to_json or a document read back)."""
+    model = s["model"] or "(the server's first model)"
+    return (f"url {s['url']} · model {model} · concurrency "
+            f"{','.join(map(str, s['concurrency']))} · rounds {s['rounds']} · max_tokens {s['max_tokens']} · "
+            f"temperature {s['temperature']} · top_p {s['top_p']} · categories {','.join(s['categories'])}")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def _num(v: float | None, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(doc: dict):
+    """A rich table of a bench JSON document (ours or one read back), settings in its caption."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(f"sparkstack bench · suite v{doc['suite_version']}"),
+              caption=escape(settings_line(doc["settings"])))  # the model name is the server's: not markup
+    for head in ("conc", "category", "tok/s", "tok/s /stream", "TTFT chunk p50 ms", "TTFT content p50/p95 ms",
+                 "ITL p50/p95/p99 ms", "TPOT p50 ms", "accept len", "per position", "steps/s /stream", "errors",
+                 "flags"):
+        t.add_column(head, justify="left" if head in ("category", "per position", "flags") else "right")
+    for c in doc["cells"]:
+        pos = c["per_position"]
+        t.add_row(str(c["concurrency"]), escape(c["category"]), _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
+                  _ms(c["ttft_first_chunk_p50_s"]), f"{_ms(c['ttft_content_p50_s'])}/{_ms(c['ttft_content_p95_s'])}",
+                  "/".join(_ms(c[k]) for k in ("itl_p50_s", "itl_p95_s", "itl_p99_s")), _ms(c["tpot_p50_s"]),
+                  _num(c["acceptance_length"], ".2f"), "-" if pos is None else "/".join(f"{p:.2f}" for p in pos),
+                  _num(c["steps_per_s"]), str(c["errors"]),
+                  "[red]" + escape(" ".join(c["flags"])) + "[/red]" if c["flags"] else "")
+    return t
