@@ -137,6 +137,14 @@ class ClientGone(Exception):
     """The client hung up mid-stream: stop decoding for it."""
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):  # a client hanging up is not news
+            super().handle_error(request, client_address)
+
+
 class Engine:
     """The serving state: counters, running requests and bursts, behind one lock."""
 
@@ -250,8 +258,7 @@ class Engine:
 
     def start(self, host="127.0.0.1", port=0):
         self.stopping.clear()
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), Handler)
         self.server.engine = self
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
