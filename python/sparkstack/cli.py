@@ -856,55 +856,6 @@ class Duration(click.ParamType):
             return parse_duration(str(value))
         except UsageError as exc:
             self.fail(str(exc), param, ctx)
-# ---------------------------------------------------------------- bench / compare
-
-
-class _IntList(click.ParamType):
-    """Comma-separated whole numbers of at least 1, e.g. 1,2,4."""
-
-    name = "N,N,..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        parts = [p.strip() for p in str(value).split(",")]
-        if not all(p.isdigit() and 1 <= int(p) <= 1024 for p in parts):
-            self.fail(f"{value!r} is not a comma-separated list of whole numbers from 1 to 1024", param, ctx)
-        return tuple(int(p) for p in parts)
-
-
-class _request_progress:
-    """Requests done of planned, per block, on stderr; only on a terminal. Yields on_progress(label, done, planned)."""
-
-    def __init__(self, planned: int, enabled: bool) -> None:
-        self.planned = planned
-        self.enabled = enabled and sys.stderr.isatty()
-        self._bar = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        self._bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        self._bar.start()
-        task = self._bar.add_task("bench", total=self.planned)
-        return lambda label, done, planned: self._bar.update(task, description=label, completed=done, total=planned)
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def _print_rich(renderable) -> None:
-    from rich.console import Console
-
-    # off a terminal rich would wrap at 80 columns: the tables are wider
-    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
-
-
 @main.command()
 @click.argument("url")
 @click.option("--duration", type=Duration(), required=True, help="How long to soak: 90s, 30m, 2h, 1h30m (at most 7 days).")
@@ -1031,6 +982,59 @@ def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
                 live.update(view.screen(url, interval, history, state, pool, pool_note, live=True), refresh=True)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how top is quit
+
+
+# ---------------------------------------------------------------- bench / compare
+
+
+class _IntList(click.ParamType):
+    """Comma-separated whole numbers of at least 1, e.g. 1,2,4."""
+
+    name = "N,N,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        if not all(p.isdigit() and 1 <= int(p) <= 1024 for p in parts):
+            self.fail(f"{value!r} is not a comma-separated list of whole numbers from 1 to 1024", param, ctx)
+        return tuple(int(p) for p in parts)
+
+
+class _request_progress:
+    """Requests done of planned, per block, on stderr; only on a terminal. Yields on_progress(label, done, planned)."""
+
+    def __init__(self, planned: int, enabled: bool) -> None:
+        self.planned = planned
+        self.enabled = enabled and sys.stderr.isatty()
+        self._bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self._bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("bench", total=self.planned)
+        return lambda label, done, planned: self._bar.update(task, description=label, completed=done, total=planned)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _print_rich(renderable) -> None:
+    from rich.console import Console
+
+    # off a terminal rich would wrap at 80 columns: the tables are wider
+    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+
+
+@main.command()
+@click.argument("url")
 @click.option("--concurrency", type=_IntList(), default=None, help="Concurrent streams per block  [default: 1,2,3,4,5,6]")
 @click.option("--rounds", type=click.IntRange(1, 100), default=None, help="Rounds per block  [default: 3]")
 @click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=None, help="max_tokens per request  [default: 512]")
