@@ -236,3 +236,33 @@ class HubStandin:
                 self._send(206 if m and not head else 200, body, names, head, entry, cut_at=cut)
 
         return Handler
+
+
+# ---------------------------------------------------------------- the shipped recipe's two repos, synthetic
+
+RECIPE = Path(__file__).parents[1] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
+MODEL, DRAFTER = "LibertAIDAI/GLM-5.3-Flash-NVFP4", "incoai/GLM-5.3-Flash-DFlash2"
+
+
+def synthetic_repos(tmp: Path) -> dict[str, HubRepo]:
+    """The recipe's model (three shards and an index) and drafter (one shard), one commit each on main;
+    real safetensors files written by the safetensors library (checks/synth.py)."""
+    import synth
+
+    synth.write_model_dir(tmp / "model")
+    synth.write_model_dir(tmp / "drafter", index=False,
+                          shards={"model.safetensors": synth.DEFAULT_SHARDS["model-00001-of-00003.safetensors"]})
+    repos = {MODEL: HubRepo(), DRAFTER: HubRepo()}
+    repos[MODEL].commit(files_of(tmp / "model"))
+    repos[DRAFTER].commit(files_of(tmp / "drafter"))
+    return repos
+
+
+def recipe_copy(dest: Path, model_revision: str = "unpinned", drafter_revision: str = "unpinned") -> Path:
+    """The shipped recipe, written to `dest` with these revisions (its comments as they are)."""
+    text = RECIPE.read_text()
+    assert text.count('model_revision = "unpinned"') == 1 and text.count('revision = "unpinned"  #') == 1
+    text = text.replace('model_revision = "unpinned"', f'model_revision = "{model_revision}"')
+    text = text.replace('\nrevision = "unpinned"  #', f'\nrevision = "{drafter_revision}"  #')
+    dest.write_text(text)
+    return dest

@@ -1,7 +1,8 @@
 """Recording stand-ins for the programs sparkstack drives (docker, podman, ssh, rsync, nvidia-smi, sysctl, sync).
 
 Each appends its argv as one JSON line to $RECORD_LOG. The ssh stand-in runs its remote command here, through
-the same stand-ins, with STANDIN_REMOTE=1 set, so a test can tell a worker's docker from the head's. The docker
+the same stand-ins, with STANDIN_REMOTE=1 set (and HOME=$STANDIN_REMOTE_HOME when that is set: the worker's own
+home), so a test can tell a worker's docker from the head's. The docker
 stand-in answers `image inspect` with $STANDIN_IMAGE_ID (or $STANDIN_REMOTE_IMAGE_ID on a "remote" call); an
 empty value means "No such image" (exit 1). A container's org.sparkstack.rank label is the digits its name ends in
 after "rank" (launch's default names), else absent.
@@ -22,7 +23,9 @@ with open(os.environ["RECORD_LOG"], "a") as log:
 if name == "ssh":
     args = sys.argv[1:]
     command = args[args.index("--") + 1]
-    sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1")))
+    env = dict(os.environ, STANDIN_REMOTE="1")
+    env["HOME"] = os.environ.get("STANDIN_REMOTE_HOME") or env.get("HOME", "")
+    sys.exit(subprocess.call(shlex.split(command), env=env))
 if name in ("docker", "podman"):
     args = sys.argv[1:]
     if args[:1] == ["-H"]:

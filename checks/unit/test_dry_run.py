@@ -24,6 +24,7 @@ import hostfix
 import imagefix as fx
 import standins
 import synth
+from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 from registry_standin import Standin, fixture_repo
 from clirun import sparkstack_cmd
 from sparkstack.cli import main
@@ -50,6 +51,8 @@ INVOCATIONS = {
     ("plan", "kv"): ([[]], True),
     # ssh runs the helper here (the stand-in); under --dry-run it may only ask docker version/inspect and read.
     ("ship",): ([["rank1", "--image", "{base}"], ["rank1", "--image", "{base}", "--no-weights", "--streams", "1"]], False),
+    # fetch talks to the hub stand-in (HF_ENDPOINT): under --dry-run it may only ask (model_info), never write.
+    ("fetch",): ([["--recipe", "{pinned_recipe}"], ["--recipe", "{unpinned_recipe}", "--resolve"]], False),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 
@@ -127,8 +130,14 @@ def world(tmp_path):
     for knob in ("VLLM_API_KEY", "SPARKSTACK_RECIPES", "SPARKSTACK_OVERLAY_SRC"):
         w["env"][knob] = ""
     w["env"]["SPARKSTACK_REGISTRY_MIRROR"] = standin.url
+    repos = synthetic_repos(tmp_path / "hub-repos")
+    hub = HubStandin(repos).start()
+    w["env"]["HF_ENDPOINT"] = hub.url
+    w["pinned_recipe"] = recipe_copy(tmp_path / "pinned.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
+    w["unpinned_recipe"] = recipe_copy(tmp_path / "unpinned.toml")
     yield w
     standin.stop()
+    hub.stop()
 
 
 def expand(args: list[str], w: dict) -> list[str]:

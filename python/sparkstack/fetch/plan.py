@@ -54,11 +54,10 @@ class ResolvePlan:
 
 def plan_resolve(recipe: Recipe) -> ResolvePlan:
     """Ask the hub for the current commit of every unpinned repo; a pinned one is left as it is."""
-    pins = tuple((w, None if w.revision else hub.current_commit(w.repo)) for w in wanted(recipe))
-    plan = ResolvePlan(recipe, pins)
-    if not plan.up_to_date:
-        refuse_installed_recipe(recipe)
-    return plan
+    todo = wanted(recipe)
+    if any(w.revision is None for w in todo):
+        refuse_installed_recipe(recipe)  # before asking the hub anything: the answer could not be written
+    return ResolvePlan(recipe, tuple((w, None if w.revision else hub.current_commit(w.repo)) for w in todo))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,9 +126,12 @@ def _scan(kind: str, root: Path, model_dir: Path, revision: str | None, at_main:
     return ModelSource(kind, root, model_dir, revision, tuple(files), at_main)
 
 
+NO_MTP_SUFFIX = "-no-MTP"
+
+
 def no_mtp_destination(source: ModelSource) -> Path:
     """The default output: the sibling `models--ORG--NAME-no-MTP` entry, or `<dir>-no-MTP` for a flat dir."""
-    return source.root.with_name(source.root.name + "-no-MTP")
+    return source.root.with_name(source.root.name + NO_MTP_SUFFIX)
 
 
 def git_blob_name(data: bytes) -> str:
@@ -381,6 +385,11 @@ def entry_name(repo_id: str) -> str:
     return "models--" + repo_id.replace("/", "--")
 
 
+def entry_holds(cache_name: str, repo_id: str) -> bool:
+    """Does the entry `cache_name` hold revisions of `repo_id`: its own entry, or strip's output of it (same revisions)?"""
+    return cache_name in (entry_name(repo_id), entry_name(repo_id) + NO_MTP_SUFFIX)
+
+
 def _listing_record(revision: str) -> str:
     return f"listing-{revision}.json"
 
@@ -427,6 +436,7 @@ def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[
     snap = snapshot_dir(stage_entry, revision)
     snap.mkdir(parents=True, exist_ok=True)
     blobs_dir(stage_entry).mkdir(exist_ok=True)
+    shutil.rmtree(stage_entry / ".no_exist", ignore_errors=True)  # a 404 an earlier attempt met is not the commit's truth
     for f in files:
         link = snap / f.relpath
         if not link.is_symlink():
