@@ -78,7 +78,8 @@ class _Server(ThreadingHTTPServer):
 class HubStandin:
     """`faults`: {"corrupt": path} serves that file with its first byte flipped (same size, same names);
     {"drop_once": path} ends the first GET of that file's body half way, by closing the connection;
-    {"missing": path} answers 404 EntryNotFound for that file, though the listing names it.
+    {"missing": path} answers 404 EntryNotFound for that file, though the listing names it;
+    {"info_sha": value} puts that value as the commit in every model_info answer.
     `token`: when set, every request must carry `Authorization: Bearer <token>` (else 401)."""
 
     def __init__(self, repos: dict[str, HubRepo], token: str | None = None) -> None:
@@ -203,6 +204,7 @@ class HubStandin:
                             s["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
                                         "pointerSize": len(pointer)}
                     siblings.append(s)
+                sha = standin.faults.get("info_sha", sha)  # a hub answering for another commit, or with no hash
                 body = json.dumps({"id": name, "modelId": name, "sha": sha, "private": False, "siblings": siblings}).encode()
                 self._send(200, body, {"Content-Type": "application/json"}, head, entry)
 

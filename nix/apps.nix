@@ -20,4 +20,5 @@ in
   image = app "image" "image";
   launch = app "launch" "launch --image ${image}";
   ship = app "ship" "ship --image ${image}";
+  fetch = app "fetch" "fetch";
 }
