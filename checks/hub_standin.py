@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from huggingface_hub.utils.sha import git_hash
@@ -90,7 +91,7 @@ class HubStandin:
         self._dropped: set[str] = set()
         self._lock = threading.Lock()
 
-    def start(self) -> HubStandin:
+    def start(self) -> Self:
         self.server = _Server(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
@@ -99,7 +100,7 @@ class HubStandin:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> HubStandin:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,7 +1,6 @@
 """fetch against a hostile or broken hub, and a bad command line: one line each, nothing written."""
 
 import pytest
-
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 
 

@@ -194,7 +194,7 @@ def test_run_record_keeps_the_argv_that_ran_with_the_workers_home_expanded(launc
 def test_preflight_checks_the_workers_snapshots_on_the_worker(launch_world):
     """Over the real ssh, with the worker's own python3 and HOME: absent, links without blobs (what `rsync -a` of a
     snapshot dir leaves), then whole."""
-    lab, image, work, root, home = launch_world
+    lab, _, work, _, home = launch_world
     recipe = lab_recipe(lab, work, {})
     head_home = work / "probe-head-home"
     shutil.copytree(home / "hub", head_home / "lab-hf-probe" / "hub", symlinks=True, dirs_exist_ok=True)

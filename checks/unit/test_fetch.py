@@ -8,11 +8,11 @@ import hashlib
 import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir
-
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
+from huggingface_hub import scan_cache_dir
 
 MODEL_ENTRY, DRAFTER_ENTRY = "models--LibertAIDAI--GLM-5.3-Flash-NVFP4", "models--incoai--GLM-5.3-Flash-DFlash2"
 SHARD = "model-00002-of-00003.safetensors"
@@ -47,7 +47,8 @@ def tree(root) -> dict:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             p = os.path.join(dirpath, name)
-            out[p] = os.readlink(p) if os.path.islink(p) else (open(p, "rb").read() if os.path.isfile(p) else "dir")
+            path = Path(p)
+            out[p] = os.readlink(p) if path.is_symlink() else (path.read_bytes() if path.is_file() else "dir")
     return out
 
 

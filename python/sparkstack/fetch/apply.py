@@ -18,7 +18,14 @@ from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.fetch import hub
 from sparkstack.fetch.plan import EntryFetch, FetchPlan, ResolvePlan, entry_state
-from sparkstack.hfcache import ListedFile, blob_is_intact, blobs_dir, entry_name, publish_fetched, snapshot_dir
+from sparkstack.hfcache import (
+    ListedFile,
+    blob_is_intact,
+    blobs_dir,
+    entry_name,
+    publish_fetched,
+    snapshot_dir,
+)
 from sparkstack.recipe import write_revisions
 
 STAGE = ".sparkstack-fetch"

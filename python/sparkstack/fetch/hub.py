@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import ListedFile
@@ -34,8 +35,15 @@ def _first_line(exc: BaseException) -> str:
 def hub_errors(what: str) -> Iterator[None]:
     """huggingface_hub's and its transport's exceptions, as one line about `what` (e.g. `org/name@rev`)."""
     import httpx2  # huggingface_hub's own HTTP client (a dependency of the pinned major): its transport errors
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         yield
@@ -127,7 +135,7 @@ def _byte_counter(on_progress: Callable[[int], None]) -> type:
         def __init__(self, *args, **kwargs) -> None:
             pass
 
-        def __enter__(self) -> Counter:
+        def __enter__(self) -> Self:
             return self
 
         def __exit__(self, *exc) -> None:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from sparkstack.errors import SparkstackError
 from sparkstack.fetch import hub
-from sparkstack.hfcache import ListedFile, entry_name, hub_of, read_listing, read_ref, snapshot_needs
+from sparkstack.hfcache import (
+    ListedFile,
+    entry_name,
+    hub_of,
+    read_listing,
+    read_ref,
+    snapshot_needs,
+)
 from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
 
 

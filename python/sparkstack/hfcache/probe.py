@@ -49,10 +49,10 @@ def snapshot_report(snap, check_sizes=True):
         return {"complete": complete, "detail": detail, "shards": list(shards)}
 
     if not os.path.isdir(snap):
-        return report(False, "%s does not exist" % snap)
+        return report(False, f"{snap} does not exist")
     broken = broken_links(snap)
     if broken:
-        return report(False, "%d broken link(s), e.g. %s (copied links without their blobs?)" % (len(broken), broken[0]))
+        return report(False, f"{len(broken)} broken link(s), e.g. {broken[0]} (copied links without their blobs?)")
     index = os.path.join(snap, INDEX_NAME)
     if os.path.exists(index):
         try:
@@ -61,21 +61,21 @@ def snapshot_report(snap, check_sizes=True):
             if not all(isinstance(s, str) and s and not s.startswith("/") and ".." not in s.split("/") for s in shards):
                 raise TypeError
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            return report(False, "%s is not a valid index" % index)
+            return report(False, f"{index} is not a valid index")
     else:
         shards = sorted(n for n in os.listdir(snap) if n.endswith(".safetensors"))
     if not shards:
-        return report(False, "%s has no safetensors shards" % snap)
+        return report(False, f"{snap} has no safetensors shards")
     for shard in shards:
         path = os.path.join(snap, shard)
         if not os.path.isfile(path):
-            return report(False, "%s is named in the index but missing (an unfinished download?)" % shard)
+            return report(False, f"{shard} is named in the index but missing (an unfinished download?)")
         if check_sizes:
             want, size = _data_end(path), os.path.getsize(path)
             if want != size:
-                return report(False, "%s is %d bytes, but its header %s" % (
-                    shard, size, "is unreadable" if want is None else "says %d" % want))
-    return report(True, "%d shards complete" % len(shards), shards)
+                said = "is unreadable" if want is None else f"says {want}"
+                return report(False, f"{shard} is {size} bytes, but its header {said}")
+    return report(True, f"{len(shards)} shards complete", shards)
 
 
 if __name__ == "__main__":
