@@ -172,30 +172,30 @@ class HubStandin:
                          "headers": {k.lower(): v for k, v in self.headers.items()}, "kind": "other"}
                 if standin.token is not None and self.headers.get("Authorization") != f"Bearer {standin.token}":
                     return self._error(401, "RepoNotFound", head, entry)
-                m = re.match(r"^/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?$", path)
-                if m:
-                    entry["kind"] = "api"
-                    return self._info(m["repo"], m["rev"] or "main", "blobs" in parse_qs(url.query), head, entry)
-                m = re.match(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$", path)
-                if m:
-                    entry["kind"] = "head" if head else "get"
+                api = re.match(r"^/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?$", path)
+                resolve = re.match(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$", path)
+                if api or resolve:
+                    entry["kind"] = "api" if api else "head" if head else "get"
+                    m = api or resolve
+                    repo = standin.repos.get(m["repo"])
+                    if repo is None:
+                        return self._error(404, "RepoNotFound", head, entry)
+                    sha = repo.resolve(m["rev"] or "main")
+                    if sha is None:
+                        return self._error(404, "RevisionNotFound", head, entry)
+                    if api:
+                        return self._info(m["repo"], repo.commits[sha], sha, "blobs" in parse_qs(url.query), head, entry)
                     entry["file"] = m["file"]
-                    return self._file(m["repo"], m["rev"], m["file"], head, entry)
+                    return self._file(repo.commits[sha], sha, m["file"], head, entry)
                 if path == "/api/agent-harnesses":  # the telemetry registry the real hub serves (fetch must not ask)
                     entry["kind"] = "telemetry"
                     body = json.dumps({"standardEnvVars": [], "harnesses": {}}).encode()
                     return self._send(200, body, {"Content-Type": "application/json"}, head, entry)
                 return self._error(404, "NotFound", head, entry)
 
-            def _info(self, name: str, rev: str, blobs: bool, head: bool, entry: dict) -> None:
-                repo = standin.repos.get(name)
-                if repo is None:
-                    return self._error(404, "RepoNotFound", head, entry)
-                sha = repo.resolve(rev)
-                if sha is None:
-                    return self._error(404, "RevisionNotFound", head, entry)
+            def _info(self, name: str, files: dict[str, bytes], sha: str, blobs: bool, head: bool, entry: dict) -> None:
                 siblings = []
-                for path, data in sorted(repo.commits[sha].items()):
+                for path, data in sorted(files.items()):
                     s = {"rfilename": path}
                     if blobs:
                         pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}" \
@@ -209,14 +209,8 @@ class HubStandin:
                 body = json.dumps({"id": name, "modelId": name, "sha": sha, "private": False, "siblings": siblings}).encode()
                 self._send(200, body, {"Content-Type": "application/json"}, head, entry)
 
-            def _file(self, name: str, rev: str, file: str, head: bool, entry: dict) -> None:
-                repo = standin.repos.get(name)
-                if repo is None:
-                    return self._error(404, "RepoNotFound", head, entry)
-                sha = repo.resolve(rev)
-                if sha is None:
-                    return self._error(404, "RevisionNotFound", head, entry)
-                data = repo.commits[sha].get(file)
+            def _file(self, files: dict[str, bytes], sha: str, file: str, head: bool, entry: dict) -> None:
+                data = files.get(file)
                 if data is None or standin.faults.get("missing") == file:
                     return self._error(404, "EntryNotFound", head, entry, commit=sha)
                 names = {"X-Repo-Commit": sha, "ETag": f'"{blob_name(file, data)}"',
