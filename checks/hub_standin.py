@@ -80,7 +80,8 @@ class HubStandin:
     """`faults`: {"corrupt": path} serves that file with its first byte flipped (same size, same names);
     {"drop_once": path} ends the first GET of that file's body half way, by closing the connection;
     {"missing": path} answers 404 EntryNotFound for that file, though the listing names it;
-    {"info_sha": value} puts that value as the commit in every model_info answer.
+    {"info_sha": value} puts that value as the commit in every model_info answer;
+    {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set.
     `token`: when set, every request must carry `Authorization: Bearer <token>` (else 401)."""
 
     def __init__(self, repos: dict[str, HubRepo], token: str | None = None) -> None:
@@ -89,6 +90,7 @@ class HubStandin:
         self.faults: dict[str, str] = {}
         self.log: list[dict] = []
         self._dropped: set[str] = set()
+        self.released = threading.Event()
         self._lock = threading.Lock()
 
     def start(self) -> Self:
@@ -227,10 +229,13 @@ class HubStandin:
                     names["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
                 body = data[start:]
                 cut = None
-                if not head and standin.faults.get("drop_once") == file and file not in standin._dropped:
+                if not head and file in (standin.faults.get("drop_once"), standin.faults.get("stall")) \
+                        and file not in standin._dropped:
                     standin._dropped.add(file)
                     cut = len(body) // 2
                 self._send(206 if m and not head else 200, body, names, head, entry, cut_at=cut)
+                if cut is not None and standin.faults.get("stall") == file:
+                    standin.released.wait(60)  # the client hangs on the rest of the body until it is killed
 
         return Handler
 

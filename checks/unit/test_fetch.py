@@ -7,11 +7,22 @@ with huggingface_hub's own scanner, never only from what sparkstack reports.
 import hashlib
 import json
 import os
+import signal
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
+from clirun import sparkstack_cmd
+from hub_standin import (
+    DRAFTER,
+    MODEL,
+    HubStandin,
+    blob_name,
+    recipe_copy,
+    synthetic_repos,
+)
 from huggingface_hub import scan_cache_dir
 
 MODEL_ENTRY, DRAFTER_ENTRY = "models--LibertAIDAI--GLM-5.3-Flash-NVFP4", "models--incoai--GLM-5.3-Flash-DFlash2"
@@ -158,6 +169,31 @@ def test_a_failed_fetch_publishes_nothing_and_the_next_one_resumes_from_what_fin
     assert [r["file"] for r in world["hub"].downloads() if f"/{MODEL}/" in r["path"]] == [SHARD]
     assert snapshot_files(world, MODEL_ENTRY, pinned) == files
     assert not (world["hf"] / "hub" / MODEL_ENTRY / ".no_exist").exists()  # the 404 met before is not published
+
+
+def test_a_fetch_killed_mid_file_publishes_nothing_and_the_next_one_finishes_clean(run_cli, world):
+    pinned = world["pinned"][MODEL]
+    files = world["repos"][MODEL].commits[pinned]
+    world["hub"].faults["stall"] = SHARD
+    recipe = recipe_copy(world["tmp"] / "recipe.toml", *world["pinned"].values())
+    proc = subprocess.Popen(sparkstack_cmd() + ["fetch", "--recipe", str(recipe)], env={**os.environ, **world["env"]},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not [r for r in world["hub"].requests("get") if r["file"] == SHARD] and proc.poll() is None:
+            time.sleep(0.05)  # until half the shard has gone out and the rest is held back
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+        world["hub"].released.set()
+    hub_dir = world["hf"] / "hub"
+    assert not (hub_dir / MODEL_ENTRY).exists()
+    assert list((hub_dir / ".sparkstack-fetch").rglob("*.incomplete"))  # huggingface_hub's temp file, left by the kill
+    world["hub"].faults.clear()
+    assert fetch(run_cli, world).returncode == 0
+    assert snapshot_files(world, MODEL_ENTRY, pinned) == files
+    # Only the commit's blobs were published: no temp file came along.
+    assert {p.name for p in (hub_dir / MODEL_ENTRY / "blobs").iterdir()} == {blob_name(k, v) for k, v in files.items()}
+    assert not (hub_dir / ".sparkstack-fetch").exists()
 
 
 def test_bytes_that_do_not_hash_to_their_name_are_never_published(run_cli, world):

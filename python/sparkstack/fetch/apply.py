@@ -8,9 +8,10 @@ there (huggingface_hub skips a file whose link exists), hashes them again and go
 
 from __future__ import annotations
 
+import queue
 import shutil
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,16 +84,8 @@ def _fetch_entry(e: EntryFetch, hub_dir: Path, on_progress: Callable[[int], None
     resumed = [f for f in e.to_download if (snapshot_dir(staged_entry, e.revision) / f.relpath).is_file()]
     on_progress(sum(f.size for f in resumed))
     fresh = [f for f in e.to_download if f not in resumed]
-    if fresh:
-        with ThreadPoolExecutor(max_workers=min(MAX_STREAMS, len(fresh))) as pool:
-            started = [pool.submit(hub.download, e.wanted.repo, e.revision, f.relpath, stage, on_progress)
-                       for f in sorted(fresh, key=lambda f: -f.size)]
-            try:
-                for got in started:
-                    got.result()  # the first failure, as its one line; the files that finished stay staged
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+    _download_all(sorted(fresh, key=lambda f: -f.size),
+                  lambda f: hub.download(e.wanted.repo, e.revision, f.relpath, stage, on_progress))
     for f in e.to_download:
         _verify(staged_entry, e, f)
     publish_fetched(staged_entry, e.entry, e.revision, e.files)
@@ -103,6 +96,33 @@ def _fetch_entry(e: EntryFetch, hub_dir: Path, on_progress: Callable[[int], None
         pass  # another commit's fetch is staged there
     return EntryResult(e.wanted.label, e.wanted.repo, e.revision, False, len(fresh),
                        sum(f.size for f in fresh), len(resumed), len(e.to_link))
+
+
+def _download_all(files: list[ListedFile], download: Callable[[ListedFile], object]) -> None:
+    """Up to MAX_STREAMS files at once. After a failure no new file starts, and the first failure is raised once
+    the running ones end (what finished stays staged). Daemon threads: Ctrl-C stops the whole fetch at once."""
+    todo, failures = queue.SimpleQueue(), []
+    for f in files:
+        todo.put(f)
+
+    def worker() -> None:
+        while not failures:
+            try:
+                f = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                download(f)
+            except Exception as exc:  # noqa: BLE001 -- any failure is handed to the main thread, which raises it
+                failures.append(exc)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(MAX_STREAMS, len(files)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
 
 
 def _verify(staged_entry: Path, e: EntryFetch, f: ListedFile) -> None:

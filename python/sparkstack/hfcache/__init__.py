@@ -437,6 +437,10 @@ def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[
     snap.mkdir(parents=True, exist_ok=True)
     blobs_dir(stage_entry).mkdir(exist_ok=True)
     shutil.rmtree(stage_entry / ".no_exist", ignore_errors=True)  # a 404 an earlier attempt met is not the commit's truth
+    listed = {f.blob for f in files}
+    for left in blobs_dir(stage_entry).iterdir():  # a killed download's temp file is no blob to publish
+        if left.name not in listed:
+            left.unlink()
     for f in files:
         link = snap / f.relpath
         if not link.is_symlink():
