@@ -35,7 +35,18 @@ def is_lfs(path: str) -> bool:
 
 def blob_name(path: str, data: bytes) -> str:
     """The name a hub cache gives this file's blob: sha256 for LFS files, git blob sha1 for the others."""
-    return hashlib.sha256(data).hexdigest() if is_lfs(path) else git_hash(data)
+    return _sha256(data) if is_lfs(path) else git_hash(data)
+
+
+_DIGESTS: dict[int, tuple[bytes, str]] = {}
+
+
+def _sha256(data: bytes) -> str:
+    """sha256 of a served body, computed once per body (large bodies are hashed on every HEAD and listing)."""
+    held = _DIGESTS.get(id(data))
+    if held is None or held[0] is not data:
+        held = _DIGESTS[id(data)] = (data, hashlib.sha256(data).hexdigest())
+    return held[1]
 
 
 def commit_hash(files: dict[str, bytes], parent: str = "") -> str:
@@ -200,11 +211,11 @@ class HubStandin:
                 for path, data in sorted(files.items()):
                     s = {"rfilename": path}
                     if blobs:
-                        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}" \
+                        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{_sha256(data)}" \
                                   f"\nsize {len(data)}\n".encode()
                         s.update(size=len(data), blobId=git_hash(pointer if is_lfs(path) else data))
                         if is_lfs(path):
-                            s["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                            s["lfs"] = {"sha256": _sha256(data), "size": len(data),
                                         "pointerSize": len(pointer)}
                     siblings.append(s)
                 sha = standin.faults.get("info_sha", sha)  # a hub answering for another commit, or with no hash

@@ -160,13 +160,16 @@ def test_a_failed_fetch_publishes_nothing_and_the_next_one_resumes_from_what_fin
     line = one_error_line(fetch(run_cli, world))
     assert f"{MODEL}@{pinned}: {SHARD}" in line and "no such file (404)" in line
     assert not (world["hf"] / "hub" / MODEL_ENTRY).exists()  # nothing published
+    # One staged file goes bad in between (same size, one byte): it is not trusted, it goes again.
+    staged = next((world["hf"] / "hub").rglob(f".sparkstack-fetch/*/{MODEL_ENTRY}/snapshots/{pinned}/config.json"))
+    staged.resolve().write_bytes(b"X" + files["config.json"][1:])
     world["hub"].faults.clear()
     world["hub"].log.clear()
     proc = fetch(run_cli, world, "--json")
     assert proc.returncode == 0, proc.stderr
     (model,) = [r for r in json.loads(proc.stdout)["results"] if r["label"] == "model"]
-    assert (model["downloaded"], model["resumed"]) == (1, len(files) - 1)
-    assert [r["file"] for r in world["hub"].downloads() if f"/{MODEL}/" in r["path"]] == [SHARD]
+    assert (model["downloaded"], model["resumed"]) == (2, len(files) - 2)
+    assert sorted(r["file"] for r in world["hub"].downloads() if f"/{MODEL}/" in r["path"]) == sorted([SHARD, "config.json"])
     assert snapshot_files(world, MODEL_ENTRY, pinned) == files
     assert not (world["hf"] / "hub" / MODEL_ENTRY / ".no_exist").exists()  # the 404 met before is not published
 

@@ -81,13 +81,20 @@ def _fetch_entry(e: EntryFetch, hub_dir: Path, on_progress: Callable[[int], None
         if old.parent != stage:  # a killed fetch of another commit of this repo: nothing to resume there
             shutil.rmtree(old.parent, ignore_errors=True)
     staged_entry = stage / name
-    resumed = [f for f in e.to_download if (snapshot_dir(staged_entry, e.revision) / f.relpath).is_file()]
+    # What a killed run finished is kept if it still hashes to its name; anything else there goes again.
+    resumed = [f for f in e.to_download if (snapshot_dir(staged_entry, e.revision) / f.relpath).is_file()
+               and _problem(staged_entry, e, f) is None]
     on_progress(sum(f.size for f in resumed))
     fresh = [f for f in e.to_download if f not in resumed]
-    _download_all(sorted(fresh, key=lambda f: -f.size),
-                  lambda f: hub.download(e.wanted.repo, e.revision, f.relpath, stage, on_progress))
-    for f in e.to_download:
-        _verify(staged_entry, e, f)
+
+    def download(f: ListedFile) -> None:
+        hub.download(e.wanted.repo, e.revision, f.relpath, stage, on_progress)
+        problem = _problem(staged_entry, e, f)  # hashed while the other streams still download
+        if problem:
+            raise SparkstackError(f"{e.wanted.repo}@{e.revision}: {f.relpath} {problem}; removed it, nothing "
+                                  "published (run fetch again)")
+
+    _download_all(sorted(fresh, key=lambda f: -f.size), download)
     publish_fetched(staged_entry, e.entry, e.revision, e.files)
     shutil.rmtree(stage, ignore_errors=True)
     try:
@@ -125,10 +132,9 @@ def _download_all(files: list[ListedFile], download: Callable[[ListedFile], obje
         raise failures[0]
 
 
-def _verify(staged_entry: Path, e: EntryFetch, f: ListedFile) -> None:
-    """The staged file is a link to the blob the hub names, of the listed size, whose bytes hash to that name.
-
-    huggingface_hub checks sizes only; a file that fails here is removed from the stage, never published."""
+def _problem(staged_entry: Path, e: EntryFetch, f: ListedFile) -> str | None:
+    """None when the staged file is a link to the blob the hub names, of the listed size, whose bytes hash to
+    that name. huggingface_hub checks sizes only; a file that fails here is removed from the stage."""
     link = snapshot_dir(staged_entry, e.revision) / f.relpath
     blob = blobs_dir(staged_entry) / f.blob
     real = link.resolve()
@@ -146,5 +152,4 @@ def _verify(staged_entry: Path, e: EntryFetch, f: ListedFile) -> None:
         link.unlink(missing_ok=True)
         if real.parent == blobs_dir(staged_entry).resolve():
             real.unlink(missing_ok=True)
-        raise SparkstackError(f"{e.wanted.repo}@{e.revision}: {f.relpath} {problem}; removed it, nothing published "
-                              "(run fetch again)")
+    return problem

@@ -23,7 +23,7 @@ from huggingface_hub.utils.sha import git_hash
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache.probe import snapshot_report
+from sparkstack.hfcache import probe
 from sparkstack.safetensors_header import read_header
 
 # A revision is a git commit hash. refs/main is read by hand (it is one line) rather than through
@@ -214,7 +214,7 @@ def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
             return SnapshotState(entry, None, False, f"{entry}/refs/main is missing")
     snap = snapshot_dir(entry, revision)
     files = frozenset(p.relative_to(snap).as_posix() for p in snap.rglob("*") if not p.is_dir())
-    report = snapshot_report(str(snap), check_sizes=False)  # no broken link; every indexed shard there
+    report = probe.snapshot_report(str(snap), check_sizes=False)  # no broken link; every indexed shard there
     if not report["complete"]:
         return SnapshotState(entry, revision, False, report["detail"], files=files)
     shards = report["shards"]
@@ -349,8 +349,6 @@ def probe_argv(hub: str, name: str, revision: str) -> list[str]:
     """An argv that checks one snapshot with nothing but python3 (a worker has no sparkstack), reading only.
 
     Its stdout is one JSON line, read back by `probe_result`. `hub` may start with `~`: it is expanded there."""
-    from sparkstack.hfcache import probe
-
     return ["python3", "-c", Path(probe.__file__).read_text(), hub, name, revision]
 
 
