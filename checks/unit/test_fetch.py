@@ -284,3 +284,11 @@ def test_a_new_commit_downloads_only_what_changed(run_cli, world):
     assert snapshot_files(world, MODEL_ENTRY, new) == files
     assert snapshot_files(world, MODEL_ENTRY, world["pinned"][MODEL]) == repo.commits[world["pinned"][MODEL]]
     assert (world["hf"] / "hub" / MODEL_ENTRY / "refs/main").read_text() == new
+
+
+def test_hf_hub_cache_elsewhere_is_named_and_the_hub_launch_mounts_is_used(run_cli, world):
+    elsewhere = world["tmp"] / "elsewhere"
+    proc = fetch(run_cli, world, "--dry-run", "--json", env={"HF_HUB_CACHE": str(elsewhere)})
+    assert proc.returncode == 0, proc.stderr
+    assert f"HF_HUB_CACHE={elsewhere} is ignored: fetch writes to {world['hf'] / 'hub'}" in proc.stderr
+    assert json.loads(proc.stdout)["hub"] == str(world["hf"] / "hub")
