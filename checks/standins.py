@@ -2,7 +2,8 @@
 sudo, id).
 
 Each appends its argv as one JSON line to $RECORD_LOG. The ssh stand-in runs its remote command here, through
-the same stand-ins, with STANDIN_REMOTE=1 set, so a test can tell a worker's docker from the head's. The docker
+the same stand-ins, with STANDIN_REMOTE=1 set (and HOME=$STANDIN_REMOTE_HOME when that is set: the worker's own
+home), so a test can tell a worker's docker from the head's. The docker
 stand-in answers `image inspect` with $STANDIN_IMAGE_ID (or $STANDIN_REMOTE_IMAGE_ID on a "remote" call); an
 empty value means "No such image" (exit 1); `inspect` gives a running container started at the time in
 $STANDIN_STARTED_AT_FILE (else a fixed one). A container's org.sparkstack.rank label is the digits its name ends in
@@ -34,7 +35,9 @@ if name == "ssh":
     args = sys.argv[1:]
     command = args[args.index("--") + 1]
     remote_log = os.environ.get("STANDIN_REMOTE_RECORD_LOG", os.environ["RECORD_LOG"])
-    sys.exit(subprocess.call(shlex.split(command), env=dict(os.environ, STANDIN_REMOTE="1", RECORD_LOG=remote_log)))
+    env = dict(os.environ, STANDIN_REMOTE="1", RECORD_LOG=remote_log)
+    env["HOME"] = os.environ.get("STANDIN_REMOTE_HOME") or env.get("HOME", "")
+    sys.exit(subprocess.call(shlex.split(command), env=env))
 
 
 def setting(key, default=None):

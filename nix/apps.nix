@@ -26,4 +26,5 @@ in
   top = app "top" "top";
   bench = app "bench" "bench";
   compare = app "compare" "compare";
+  fetch = app "fetch" "fetch";
 }

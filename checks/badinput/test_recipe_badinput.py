@@ -28,6 +28,17 @@ CASES = {
     "gpu memory nan": (lambda t: t.replace("gpu_memory_gib = 121.69", "gpu_memory_gib = nan"), "gpu_memory_gib=nan is not"),
     "gpu memory zero": (lambda t: t.replace("gpu_memory_gib = 121.69", "gpu_memory_gib = 0"), "gpu_memory_gib=0 is not"),
     "bad speculative config": (lambda t: t.replace('{"method":"dflash","num_speculative_tokens":4}', '{method: dflash}'), "not JSON"),
+    "a branch for a revision": (lambda t: t.replace('model_revision = "unpinned"', 'model_revision = "main"'),
+                                "model_revision='main' is neither \"unpinned\" nor a commit hash"),
+    "an abbreviated revision": (lambda t: t.replace('model_revision = "unpinned"', 'model_revision = "0123456789ab"'),
+                                "model_revision='0123456789ab' is neither"),
+    "an uppercase revision": (lambda t: t.replace('revision = "unpinned"  #', f'revision = "{"AB" * 20}"  #'),
+                              "[drafter]: revision='ABABAB"),
+    "a revision with no repo": (lambda t: t.replace('repo = "incoai/GLM-5.3-Flash-DFlash2"\n', ""), "revision needs repo"),
+    "a drafter repo that is a path": (lambda t: t.replace('repo = "incoai/GLM-5.3-Flash-DFlash2"', 'repo = "../../etc"'),
+                                      "[drafter]: repo='../../etc' is not an HF repo id"),
+    "a revision that is a number": (lambda t: t.replace('model_revision = "unpinned"', "model_revision = 7"),
+                                    "model_revision must be a string"),
 }
 
 

@@ -172,8 +172,10 @@ def test_run_record_keeps_the_argv_that_ran_with_the_workers_home_expanded(launc
     head_home = work / "head-home"
     shutil.copytree(home / "hub", head_home / "sparkstack-lab-hf" / "hub", symlinks=True, dirs_exist_ok=True)
     worker_home = lab.ssh("printenv", "HOME").stdout.strip()
-    created = Path(worker_home, "sparkstack-lab-hf")
+    created = lab.worker.path(Path(worker_home, "sparkstack-lab-hf"))  # the worker's own HOME, seen from here
     existed = created.exists()
+    # Preflight checks the worker's snapshots there: it gets its own copy of the weights (as ship gives it).
+    shutil.copytree(home / "hub", created / "hub", symlinks=True, dirs_exist_ok=True)
     env = {"HOME": str(head_home), "HF_HOME": "~/sparkstack-lab-hf"}
     try:
         proc = sparkstack(lab, launch_world, recipe, "1", "--json", env=env)
@@ -187,6 +189,37 @@ def test_run_record_keeps_the_argv_that_ran_with_the_workers_home_expanded(launc
         sparkstack(lab, launch_world, recipe, "stop", env=env)
         if not existed:
             shutil.rmtree(created, ignore_errors=True)
+
+
+def test_preflight_checks_the_workers_snapshots_on_the_worker(launch_world):
+    """Over the real ssh, with the worker's own python3 and HOME: absent, links without blobs (what `rsync -a` of a
+    snapshot dir leaves), then whole."""
+    lab, _, work, _, home = launch_world
+    recipe = lab_recipe(lab, work, {})
+    head_home = work / "probe-head-home"
+    shutil.copytree(home / "hub", head_home / "lab-hf-probe" / "hub", symlinks=True, dirs_exist_ok=True)
+    on_worker = lab.worker.path(Path(lab.ssh("printenv", "HOME").stdout.strip(), "lab-hf-probe"))
+    env = {"HOME": str(head_home), "HF_HOME": "~/lab-hf-probe"}
+
+    def worker_checks():
+        proc = sparkstack(lab, launch_world, recipe, "all", "--dry-run", "--probe", "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        return {c["check"]: c for c in json.loads(proc.stdout)["preflight"] if c["rank"] == 1}
+
+    try:
+        checks = worker_checks()
+        assert checks["model-snapshot"]["status"] == "fail" and "does not exist" in checks["model-snapshot"]["detail"]
+        assert "run `sparkstack ship worker`" in checks["model-snapshot"]["detail"]
+        for entry in (home / "hub").iterdir():
+            shutil.copytree(entry / "snapshots", on_worker / "hub" / entry.name / "snapshots", symlinks=True)
+        checks = worker_checks()
+        assert checks["drafter-snapshot"]["status"] == "fail" and "broken link" in checks["drafter-snapshot"]["detail"]
+        for entry in (home / "hub").iterdir():
+            shutil.copytree(entry / "blobs", on_worker / "hub" / entry.name / "blobs")
+        checks = worker_checks()
+        assert checks["model-snapshot"]["status"] == checks["drafter-snapshot"]["status"] == "pass"
+    finally:
+        shutil.rmtree(on_worker, ignore_errors=True)
 
 
 def test_launch_image_layout_loads_the_head_and_demands_ship_for_a_worker(launch_world, standin_image):

@@ -254,7 +254,7 @@ def test_apps_wire_exactly_the_commands_that_exist(world):
         apps = set(json.loads(nix(world, "eval", *world["O"], "--json", f".#apps.{system}",
                                   "--apply", "builtins.attrNames").stdout))
         assert {"strip", "pin", "plan", "image", "launch"} <= apps
-        for command in ("ship", "verify", "bench", "soak", "top"):
+        for command in ("ship", "fetch", "verify", "bench", "soak", "top"):
             if command in main.commands:
                 assert command in apps, f"`sparkstack {command}` exists now: wire apps.{command} in nix/apps.nix"
             else:

@@ -25,6 +25,7 @@ import imagefix as fx
 import standins
 import synth
 from inprocess_engine import serving
+from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 from registry_standin import Standin, fixture_repo
 from clirun import sparkstack_cmd
 from sparkstack.cli import main
@@ -62,6 +63,8 @@ INVOCATIONS = {
     ("bench",): ([["{engine_url}", "--concurrency", "1,2", "--rounds", "1", "--category", "count",
                    "--plot", "{bench_plot}"]], False),
     ("compare",): ([["{bench_report}", "{bench_report}"]], True),
+    # fetch talks to the hub stand-in (HF_ENDPOINT): under --dry-run it may only ask (model_info), never write.
+    ("fetch",): ([["--recipe", "{pinned_recipe}"], ["--recipe", "{unpinned_recipe}", "--resolve"]], False),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 
@@ -145,10 +148,16 @@ def world(tmp_path):
     w["bench_report"].write_text(json.dumps({"suite_version": "1", "settings": {
         "url": "http://127.0.0.1:8888", "model": "m", "concurrency": [1], "rounds": 1, "max_tokens": 8,
         "temperature": 1.0, "top_p": 0.95, "categories": []}, "cells": []}))
+    repos = synthetic_repos(tmp_path / "hub-repos")
+    hub = HubStandin(repos).start()
+    w["env"]["HF_ENDPOINT"] = hub.url
+    w["pinned_recipe"] = recipe_copy(tmp_path / "pinned.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
+    w["unpinned_recipe"] = recipe_copy(tmp_path / "unpinned.toml")
     with serving() as engine:  # the API server commands that verify, bench or watch an endpoint talk to
         w.update(engine=engine, engine_url=engine.url)
         yield w
     standin.stop()
+    hub.stop()
 
 
 def expand(args: list[str], w: dict) -> list[str]:

@@ -224,6 +224,14 @@ def test_a_wheel_install_carries_overlays_and_recipes_and_pin_refuses_its_copy(t
                           cwd=elsewhere, capture_output=True, text=True, env=env)
     assert "installed copy" in one_error_line(proc)
     assert installed.read_bytes() == before
+    # fetch --resolve would pin the recipe: the installed one is refused (before any hub is asked), naming the copy.
+    recipe = target / "sparkstack/data/recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
+    before = recipe.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "fetch", "--resolve"], cwd=elsewhere, check=False,
+                          capture_output=True, text=True, env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    line = one_error_line(proc)
+    assert "shipped recipe" in line and f"cp {recipe} my-recipe.toml" in line and "--recipe ./my-recipe.toml" in line
+    assert recipe.read_bytes() == before
 
 
 def test_pin_overlay_keeps_comments_and_dry_run_writes_nothing(run_cli, tmp_path):

@@ -475,6 +475,69 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
         click.echo(("fetched " if fetched else "up to date: ") + f"{plan.out} ({plan.what} {plan.digest})")
 
 
+# ---------------------------------------------------------------- fetch
+
+
+@main.command()
+@click.option("--recipe", default=None, help="Recipe name or path: its model and [drafter] repos, and their revisions.")
+@click.option("--resolve", is_flag=True, help="Ask the hub for the current commit of each unpinned repo and pin it "
+              "in the recipe (through tomlkit); download nothing.")
+@click.option("--dry-run", is_flag=True, help="Say what would be pinned or downloaded; write nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def fetch(recipe, resolve, dry_run, as_json) -> None:
+    """Download exactly the recipe's pinned model and drafter commits into the head's HF cache."""
+    from sparkstack.fetch import apply_fetch, apply_resolve, plan_fetch, plan_resolve
+    from sparkstack.recipe import load_recipe
+
+    if resolve:
+        rplan = plan_resolve(load_recipe(recipe))
+        written = False if dry_run else apply_resolve(rplan)
+        if as_json:
+            _print_json({**rplan.to_json(), "dry_run": dry_run, "written": written})
+            return
+        for w, commit in rplan.pins:
+            click.echo(f"{w.label} {w.repo}: " + (f"pinned at {w.revision}, left as it is" if commit is None else
+                                                  f"{'would pin' if dry_run else 'pinned'} {w.field} = {commit}"))
+        if written:
+            click.echo(f"wrote {rplan.recipe.path}; now `sparkstack fetch --recipe {rplan.recipe.path}` downloads it")
+        elif rplan.up_to_date:
+            click.echo(f"up to date: every repo of {rplan.recipe.path} is pinned")
+        return
+    plan = plan_fetch(load_recipe(recipe), os.environ)
+    for w in plan.warnings:
+        _warn(w)
+    if dry_run:
+        if as_json:
+            _print_json({**plan.to_json(), "dry_run": True})
+            return
+        for e in plan.entries:
+            head = f"{e.wanted.label} {e.wanted.repo} @ {e.revision}"
+            if e.up_to_date:
+                click.echo(f"{head}: up to date ({len(e.files)} files in {e.entry})")
+                continue
+            click.echo(f"{head}: would download {len(e.to_download)} files ({human_bytes(e.bytes_to_download)}), "
+                       f"link {len(e.to_link)} held already, {len(e.present)} present; refs/main -> {e.revision[:12]} "
+                       f"(file list from {'the last fetch' if e.listing_from == 'record' else 'the hub'})")
+            for f in e.to_download:
+                click.echo(f"  {f.relpath}  {human_bytes(f.size)}")
+        return
+    with _progress("downloading", plan.bytes_to_download, enabled=plan.bytes_to_download > 0) as advance:
+        results = apply_fetch(plan, on_progress=advance, on_wait=lambda entry, pid: click.echo(
+            f"sparkstack: waiting for another fetch of {entry}" + (f" (pid {pid})" if pid else ""), err=True))
+    if as_json:
+        _print_json({**plan.to_json(), "dry_run": False, "results": [r.to_json() for r in results]})
+        return
+    for r, e in zip(results, plan.entries):
+        head = f"{r.label} {r.repo} @ {r.revision}"
+        if r.up_to_date:
+            click.echo(f"{head}: up to date ({e.entry})")
+        else:
+            click.echo(f"{head}: downloaded {r.downloaded} files ({human_bytes(r.bytes_downloaded)})"
+                       + (f", {r.resumed} finished by an earlier run" if r.resumed else "")
+                       + f", linked {r.linked}; {e.entry} refs/main -> {r.revision[:12]}")
+
+
 # ---------------------------------------------------------------- launch / plan kv
 
 @main.command()

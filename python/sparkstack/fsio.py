@@ -7,6 +7,7 @@ leaves either nothing, the old version, or a complete and verified new one.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -215,3 +216,59 @@ class RangeCopier:
             got += k
         # Full-size chunks compare as bytearrays (memcmp); the short tail is copied once.
         return buf if n == len(buf) else bytes(view)
+
+
+def lock_path(dest: Path) -> Path:
+    """Beside the destination, so it never lands inside the source nor inside what gets replaced."""
+    return dest.parent / f".{dest.name}.sparkstack-lock"
+
+
+@contextmanager
+def dest_lock(dest: Path, on_wait: Callable[[Path, int | None], None]) -> Iterator[None]:
+    """Hold an exclusive flock for one destination; a second run for it waits here.
+
+    The holder writes its pid into the lock file (for the waiting line) and unlinks the file before
+    releasing, so nothing is left behind. A waiter that wakes on an unlinked file retries on a fresh one.
+    The kernel drops the lock when a holder dies, so a kill -9 leaves no stale lock.
+    """
+    path = lock_path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    told = False
+    while True:
+        # O_NOFOLLOW: a planted symlink must not get some other file truncated.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not told:
+                    on_wait(dest, _holder_pid(fd))
+                    told = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if _still_linked(fd, path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _holder_pid(fd: int) -> int | None:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() and len(text) < 12 else None
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)

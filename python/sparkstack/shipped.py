@@ -10,6 +10,8 @@ recipe is used even by a non-editable install.
 from __future__ import annotations
 
 import os
+import site
+import sysconfig
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError
@@ -49,3 +51,15 @@ def default_overlay_dir() -> Path:
             return base / DEFAULT_OVERLAY
     raise SparkstackError(f"no shipped overlay {DEFAULT_OVERLAY!r} found (looked in the checkout and the package); "
                           "pass --overlay DIR")
+
+
+def installed_copy_root(path: Path) -> Path | None:
+    """The install root (site-packages, the package's data dir, the Nix store) holding `path`, or None when it
+    is a file of its own (a checkout's, a user's copy). An installed copy is never written in place."""
+    # In a checkout, the package's data dirs are symlinks out of the package; resolved, a path still inside the
+    # package's data dir is an installed copy, wherever the package was installed.
+    roots = {PACKAGE_DATA, *(Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib")))}
+    roots |= {Path(p).resolve() for p in site.getsitepackages()}
+    roots.add(Path("/nix/store"))
+    real = path.resolve()
+    return next((root for root in sorted(roots) if real.is_relative_to(root)), None)

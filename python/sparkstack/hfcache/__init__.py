@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from huggingface_hub.utils.sha import git_hash
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import probe
 from sparkstack.safetensors_header import read_header
 
 # A revision is a git commit hash. refs/main is read by hand (it is one line) rather than through
@@ -124,9 +126,12 @@ def _scan(kind: str, root: Path, model_dir: Path, revision: str | None, at_main:
     return ModelSource(kind, root, model_dir, revision, tuple(files), at_main)
 
 
+NO_MTP_SUFFIX = "-no-MTP"
+
+
 def no_mtp_destination(source: ModelSource) -> Path:
     """The default output: the sibling `models--ORG--NAME-no-MTP` entry, or `<dir>-no-MTP` for a flat dir."""
-    return source.root.with_name(source.root.name + "-no-MTP")
+    return source.root.with_name(source.root.name + NO_MTP_SUFFIX)
 
 
 def git_blob_name(data: bytes) -> str:
@@ -201,9 +206,6 @@ class SnapshotState:
         return relpath in self.files
 
 
-INDEX_NAME = "model.safetensors.index.json"
-
-
 def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
     """Check one snapshot (default: the one refs/main names): every indexed shard present, at the size its header implies."""
     if revision is None:
@@ -211,28 +213,14 @@ def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
         if revision is None:
             return SnapshotState(entry, None, False, f"{entry}/refs/main is missing")
     snap = snapshot_dir(entry, revision)
-    if not snap.is_dir():
-        return SnapshotState(entry, revision, False, f"{snap} does not exist")
     files = frozenset(p.relative_to(snap).as_posix() for p in snap.rglob("*") if not p.is_dir())
-    index = snap / INDEX_NAME
-    if index.exists():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            if not all(isinstance(s, str) for s in shards):
-                raise TypeError
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            return SnapshotState(entry, revision, False, f"{index} is not a valid index", files=files)
-    else:
-        shards = sorted(p.name for p in snap.glob("*.safetensors"))
-    if not shards:
-        return SnapshotState(entry, revision, False, f"{snap} has no safetensors shards", files=files)
+    report = probe.snapshot_report(str(snap), check_sizes=False)  # no broken link; every indexed shard there
+    if not report["complete"]:
+        return SnapshotState(entry, revision, False, report["detail"], files=files)
+    shards = report["shards"]
     for shard in shards:
-        path = snap / shard
-        if not path.is_file():
-            return SnapshotState(entry, revision, False,
-                                 f"{shard} is named in the index but missing (an unfinished download?)", files=files)
         try:
-            read_header(path)  # also proves the file is exactly as long as its header says
+            read_header(snap / shard)  # also proves the file is exactly as long as its header says
         except SparkstackError as exc:
             return SnapshotState(entry, revision, False, str(exc), files=files)
     return SnapshotState(entry, revision, True, f"{len(shards)} shards complete at {revision[:12]}", len(shards), files)
@@ -352,3 +340,109 @@ def entry_for_copy(hub: Path, name: str) -> tuple[EntryLayout, tuple[EntryBlob, 
     layout = EntryLayout(name, source.revision, f"{name}/blobs", f"{name}/snapshots/{source.revision}",
                          f"{name}/refs/main", f".locks/{name}/sparkstack-ship.lock", tuple(links))
     return layout, tuple(blobs[b] for b in sorted(blobs))
+
+
+# ---------------------------------------------------------------- checking a snapshot on another machine
+
+
+def probe_argv(hub: str, name: str, revision: str) -> list[str]:
+    """An argv that checks one snapshot with nothing but python3 (a worker has no sparkstack), reading only.
+
+    Its stdout is one JSON line, read back by `probe_result`. `hub` may start with `~`: it is expanded there."""
+    return ["python3", "-c", Path(probe.__file__).read_text(), hub, name, revision]
+
+
+def probe_result(stdout: str) -> tuple[bool, str] | None:
+    """(complete, detail) from a probe's output, or None when it is not the probe's answer."""
+    try:
+        doc = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("complete"), bool) or not isinstance(doc.get("detail"), str):
+        return None
+    return doc["complete"], doc["detail"][:300]
+
+
+# ---------------------------------------------------------------- one hub revision, fetched
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """One file of a hub revision as the hub lists it: its path in the snapshot, its blob name, its size."""
+
+    relpath: str
+    blob: str  # sha256 for LFS files, git blob sha1 for the others: the name the cache gives its blob
+    size: int
+
+    def to_json(self) -> dict:
+        return {"file": self.relpath, "blob": self.blob, "size": self.size}
+
+
+def entry_name(repo_id: str) -> str:
+    """`ORG/NAME` -> `models--ORG--NAME`."""
+    return "models--" + repo_id.replace("/", "--")
+
+
+def entry_holds(cache_name: str, repo_id: str) -> bool:
+    """Does the entry `cache_name` hold revisions of `repo_id`: its own entry, or strip's output of it (same revisions)?"""
+    return cache_name in (entry_name(repo_id), entry_name(repo_id) + NO_MTP_SUFFIX)
+
+
+def _listing_record(revision: str) -> str:
+    return f"listing-{revision}.json"
+
+
+def read_listing(entry: Path, revision: str) -> tuple[ListedFile, ...] | None:
+    """The file list a fetch recorded when it published `revision` (a commit's files never change), or None."""
+    try:
+        doc = json.loads((entry / ".sparkstack" / _listing_record(revision)).read_text())
+        return tuple(ListedFile(f["file"], f["blob"], f["size"]) for f in doc["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _holds(path: Path, blob: str, size: int, blobs: Path) -> bool:
+    """Is `path` (a snapshot link, or a blob itself) the blob `blob` of `size` bytes in this entry?"""
+    try:
+        real = path.resolve(strict=True)
+        return real.parent == blobs.resolve() and real.name == blob and real.stat().st_size == size
+    except (OSError, RuntimeError):
+        return False
+
+
+def snapshot_needs(entry: Path, revision: str, files: tuple[ListedFile, ...]) -> tuple[tuple[ListedFile, ...], ...]:
+    """(present, to_link, to_download) for the snapshot at `revision`: files already linked to their blob at their
+    size; files whose blob the entry holds (another revision shares it) but the snapshot lacks; the rest.
+    Names and sizes only: what fetch publishes it has hashed, and nothing here re-reads gigabytes."""
+    snap, blobs = snapshot_dir(entry, revision), blobs_dir(entry)
+    present, to_link, to_download = [], [], []
+    for f in files:
+        if _holds(snap / f.relpath, f.blob, f.size, blobs):
+            present.append(f)
+        elif _holds(blobs / f.blob, f.blob, f.size, blobs):
+            to_link.append(f)
+        else:
+            to_download.append(f)
+    return tuple(present), tuple(to_link), tuple(to_download)
+
+
+def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[ListedFile, ...]) -> None:
+    """Publish a fetch staged as a cache entry of its own (`stage_entry`: the downloaded blobs and their links).
+
+    The staged snapshot gets a link for every other listed file (their blobs are the entry's already), then
+    goes in whole, with refs/main naming `revision` and the listing recorded for the next fetch's check."""
+    snap = snapshot_dir(stage_entry, revision)
+    snap.mkdir(parents=True, exist_ok=True)
+    blobs_dir(stage_entry).mkdir(exist_ok=True)
+    shutil.rmtree(stage_entry / ".no_exist", ignore_errors=True)  # a 404 an earlier attempt met is not the commit's truth
+    listed = {f.blob for f in files}
+    for left in blobs_dir(stage_entry).iterdir():  # a killed download's temp file is no blob to publish
+        if left.name not in listed:
+            left.unlink()
+    for f in files:
+        link = snap / f.relpath
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(snapshot_link_target(f.relpath, f.blob), link)
+    record = {"revision": revision, "files": [f.to_json() for f in files]}
+    publish_snapshot(stage_entry, entry, revision, {_listing_record(revision): json.dumps(record, indent=1).encode()})

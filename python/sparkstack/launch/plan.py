@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import read_ref
+from sparkstack.hfcache import entry_holds, read_ref
 from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, show, show_path
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
@@ -143,6 +143,21 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
+class Served:
+    """The snapshot of one cache entry every rank serves: the recipe's pinned commit, else what refs/main names."""
+
+    label: str  # "model" or "drafter"
+    cache_name: str
+    revision: str | None  # None: not pinned and no readable refs/main
+    pinned: bool
+    ref_main: str | None  # what the head's refs/main names: it may differ from a pinned commit
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "cache_name": self.cache_name, "revision": self.revision, "pinned": self.pinned,
+                "ref_main": self.ref_main}
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     recipe: Recipe
     knobs: Knobs
@@ -155,6 +170,7 @@ class LaunchPlan:
     image_source: str = "recipe"  # env, flag or recipe: which of them named the image
     image_config_digest: str | None = None  # known when --image named a built layout
     image_layout: Path | None = None  # that layout: loaded on the head where missing
+    served: tuple[Served, ...] = ()
 
     @property
     def api_port(self) -> int:
@@ -167,6 +183,7 @@ class LaunchPlan:
             "image_source": self.image_source, "image_config_digest": self.image_config_digest,
             "image_layout": None if self.image_layout is None else str(self.image_layout),
             "model_revision": self.model_revision, "drafter_revision": self.drafter_revision,
+            "served": [s.to_json() for s in self.served],
             "knobs": {k: self.knobs[k] for k in sorted(KNOB_DEFAULTS)}, "knobs_from_env": sorted(self.knobs.from_env),
             "ranks": [r.to_json() for r in self.ranks], "notes": list(self.notes),
         }
@@ -240,13 +257,21 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
     return json.dumps(ordered, separators=(",", ":"))
 
 
-def _revision(hub: Path, cache_name: str, notes: list[str]) -> str | None:
-    """refs/main of a local cache entry; a bad ref becomes a note (the plan is still printed, preflight fails)."""
+def _served(label: str, hub: Path, cache_name: str, repo: str | None, pin: str | None, notes: list[str]) -> Served:
+    """The recipe's pinned commit when the entry holds its repo, else refs/main of the local entry. A bad ref
+    becomes a note (the plan is still printed; preflight fails unless a pin makes refs/main moot)."""
     try:
-        return read_ref(hub / cache_name)
+        ref = read_ref(hub / cache_name)
     except SparkstackError as exc:
         notes.append(str(exc))
-        return None
+        ref = None
+    if pin is not None and repo is not None and not entry_holds(cache_name, repo):
+        notes.append(f"{cache_name} is not an entry of the recipe's {label} {repo}: its pinned revision does not "
+                     "apply; serving refs/main")
+        pin = None
+    if pin is None and ref is None:
+        notes.append(f"{hub / cache_name}/refs/main is missing: preflight will fail")
+    return Served(label, cache_name, pin or ref, pin is not None, ref)
 
 
 def _hub_path(knobs: Knobs, remote: bool) -> str:
@@ -295,16 +320,13 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
     else:
         image_source = "flag" if image is not None else "recipe"
     local_hub = Path(_hub_path(knobs, remote=False))
-    model_cache = knobs["MODEL_CACHE_NAME"]
-    model_rev = _revision(local_hub, model_cache, notes)
-    model_path = f"{CONTAINER_HUB}/{model_cache}/snapshots/{model_rev or '<refs/main missing>'}"
-    drafter_path = drafter_rev = None
+    served = [_served("model", local_hub, knobs["MODEL_CACHE_NAME"], recipe.model, recipe.model_pin, notes)]
     if recipe.drafter_cache_knob:
-        draft_cache = knobs[recipe.drafter_cache_knob]
-        drafter_rev = _revision(local_hub, draft_cache, notes)
-        drafter_path = f"{CONTAINER_HUB}/{draft_cache}/snapshots/{drafter_rev or '<refs/main missing>'}"
-    if model_rev is None:
-        notes.append(f"{local_hub / model_cache}/refs/main is missing: preflight will fail")
+        served.append(_served("drafter", local_hub, knobs[recipe.drafter_cache_knob], recipe.drafter_repo,
+                              recipe.drafter_pin, notes))
+    in_container = {s.label: f"{CONTAINER_HUB}/{s.cache_name}/snapshots/{s.revision or '<refs/main missing>'}"
+                    for s in served}
+    model_path, drafter_path = in_container["model"], in_container.get("drafter")
     tail = tail_args(recipe, knobs, drafter_path)
     nodes = _nodes(recipe, knobs)
     nnodes = len(nodes)
@@ -333,8 +355,10 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
         argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
         ranks.append(RankPlan(rank, node.host, ssh, fill("docker_host", node.docker_host), name, fabric_ip, nic, hca,
                               hub, tuple(argv), secret))
-    return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], model_rev, drafter_rev, tuple(ranks), tuple(notes),
-                      image_source, image.config_digest if image else None, image.layout if image else None)
+    revision = {s.label: s.revision for s in served}
+    return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], revision["model"], revision.get("drafter"), tuple(ranks),
+                      tuple(notes), image_source, image.config_digest if image else None,
+                      image.layout if image else None, tuple(served))
 
 
 def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,

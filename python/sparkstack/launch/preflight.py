@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparkstack.checkline import check_line
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import snapshot_dir, snapshot_state
+from sparkstack.hfcache import probe_argv, probe_result, snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
@@ -253,11 +253,51 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
     checks += check_snapshot(hub, plan.knobs["MODEL_CACHE_NAME"], plan.model_revision, "model", want_template=True)
     if plan.recipe.drafter_cache_knob:
         checks += check_snapshot(hub, plan.knobs[plan.recipe.drafter_cache_knob], plan.drafter_revision, "drafter", False)
+    checks += revision_checks(plan)
     checks.append(kv_check(plan))
     if "VLLM_API_KEY" not in environ:
         checks.append(Check("api-key", "warn", "the API binds 0.0.0.0 with no VLLM_API_KEY set: anyone on the network can use it"))
     else:
         checks.append(Check("api-key", "pass", "VLLM_API_KEY is passed to the container by name"))
+    return checks
+
+
+def revision_checks(plan: LaunchPlan) -> list[Check]:
+    """A pinned snapshot is served whatever refs/main says; say so when refs/main names another one."""
+    checks = []
+    for s in plan.served:
+        if not s.pinned:
+            continue
+        if s.ref_main in (None, s.revision):
+            checks.append(Check(f"{s.label}-revision", "pass", f"{s.cache_name}: serving the pinned {s.revision[:12]}"))
+        else:
+            checks.append(Check(f"{s.label}-revision", "warn", f"{s.cache_name}: serving the pinned {s.revision[:12]}, but "
+                                f"refs/main names {s.ref_main[:12]}: strip and ship follow refs/main (run `sparkstack "
+                                "fetch`, and strip again for a stripped entry)"))
+    return checks
+
+
+def worker_snapshot_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list[Check]:
+    """Each rank reached over ssh holds the very snapshots the argv names, whole: checked there with its own
+    python3, reading only (a rank on this machine shares the head's hub, checked above)."""
+    checks = []
+    for rank in plan.ranks:
+        if rank.ssh is None:
+            continue
+        runner = runners[rank.rank]
+        for s in plan.served:
+            if s.revision is None:
+                continue  # the head's check names what is missing
+            proc = runner.run(probe_argv(rank.hub, s.cache_name, s.revision), timeout=120)
+            found = probe_result(proc.stdout) if proc.returncode == 0 else None
+            if found is None:
+                checks.append(Check(f"{s.label}-snapshot", "fail", f"cannot check {s.cache_name} on {runner.label}: "
+                                                                   f"{failure_line(proc)}", rank.rank))
+                continue
+            complete, detail = found
+            checks.append(Check(f"{s.label}-snapshot", "pass" if complete else "fail",
+                                f"{s.cache_name}@{s.revision[:12]}: {detail}" + (
+                                    "" if complete else f"; run `sparkstack ship {rank.host}`"), rank.rank))
     return checks
 
 
@@ -353,6 +393,7 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
     if runners is not None:
         for rank in plan.ranks[1:]:
             checks += rank_host_checks(plan, runners[rank.rank], host_root, rank.rank)
+        checks += worker_snapshot_checks(plan, runners)
         checks += docker_checks(plan, runners, gates and not dry_run)
         if gates and dry_run:
             checks.append(Check("gate", "skip", "the runtime gates start a throwaway container: not under --dry-run", 0))

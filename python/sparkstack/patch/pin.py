@@ -9,8 +9,6 @@ site-packages or the Nix store.
 
 from __future__ import annotations
 
-import site
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,21 +46,11 @@ class PinPlan:
                             for c in self.changes]}
 
 
-def _installed_roots() -> list[Path]:
-    # In a checkout, the package's data/overlays is a symlink out of the package; resolved, a path still
-    # inside the package's data dir is an installed copy, wherever the package was installed.
-    roots = {shipped.PACKAGE_DATA, *(Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib")))}
-    roots |= {Path(p).resolve() for p in site.getsitepackages()}
-    roots.add(Path("/nix/store"))
-    return sorted(roots)
-
-
 def _refuse_installed_copy(path: Path) -> None:
-    real = path.resolve()
-    for root in _installed_roots():
-        if real.is_relative_to(root):
-            raise SparkstackError(f"{real}: is an installed copy (under {root}); pin a checkout's overlay.toml "
-                                  "instead: run from the checkout or pass --overlay DIR")
+    root = shipped.installed_copy_root(path)
+    if root is not None:
+        raise SparkstackError(f"{path.resolve()}: is an installed copy (under {root}); pin a checkout's overlay.toml "
+                              "instead: run from the checkout or pass --overlay DIR")
 
 
 def _entries(doc) -> list[tuple[str, int, str, object]]:

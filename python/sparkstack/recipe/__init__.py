@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack import shipped
+from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
@@ -137,6 +137,15 @@ _nic = _matching(_NIC, "a network interface name (at most 15 characters, no '/' 
 _hca = _matching(_HCA, "an RDMA device name (no '/' or ':')")
 _shm = _matching(_SIZE, "a size such as 16g or 32gb")
 _repo = _matching(_REPO, "an HF repo id (ORG/NAME)")
+
+UNPINNED = "unpinned"
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def _commit_or_unpinned(value: str) -> str | None:
+    # A revision is a full commit hash (what the hub names a snapshot by), or honestly "unpinned": never a branch.
+    ok = value == UNPINNED or _COMMIT.fullmatch(value)
+    return None if ok else f'is neither "{UNPINNED}" nor a commit hash (40 lowercase hex digits)'
 
 
 def _fraction(value: str) -> str | None:
@@ -271,9 +280,10 @@ _TOP_KEYS = {
     # sparkstack's extensions
     "status": str, "blocked_reason": str, "knobs": dict, "nodes": list, "drafter": dict, "kv": dict,
     "clock_cap": str, "gpu_memory_gib": float,  # the hosts: tune's GPU clock cap, preflight's free-memory rule
+    "model_revision": str,
 }
 _NODE_KEYS = {"host": str, "ssh": str, "fabric_ip": str, "nic": str, "hca": str, "docker_host": str}
-_DRAFTER_KEYS = {"cache_name_knob": str, "method": str}
+_DRAFTER_KEYS = {"cache_name_knob": str, "method": str, "repo": str, "revision": str}
 _KV_KEYS = {"measured_bytes": int, "measured_tokens": int, "mla_page_bytes_per_token": int,
             "indexer_page_bytes_per_token": int, "drafter_page_bytes_per_token": int,
             "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool}
@@ -324,10 +334,22 @@ class Recipe:
     kv: KvGeometry
     clock_cap: str = DEFAULT_CLOCK_CAP  # nvidia-smi -lgc MIN,MAX (MHz)
     gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB  # what CUDA sees of the unified memory
+    model_revision: str = UNPINNED  # a 40-hex commit, or UNPINNED
+    drafter_repo: str | None = None
+    drafter_revision: str = UNPINNED
 
     @property
     def blocked(self) -> bool:
         return self.status == "blocked"
+
+    @property
+    def model_pin(self) -> str | None:
+        """The commit model_revision pins, or None while it says unpinned."""
+        return None if self.model_revision == UNPINNED else self.model_revision
+
+    @property
+    def drafter_pin(self) -> str | None:
+        return None if self.drafter_revision == UNPINNED else self.drafter_revision
 
 
 _TOML_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
@@ -509,6 +531,13 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
     gpu_gib = doc.get("gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)
     if not (math.isfinite(gpu_gib) and 0 < gpu_gib <= 65536):
         raise SparkstackError(f"{w}: gpu_memory_gib={gpu_gib!r} is not a number of GiB in (0, 65536]")
+    if "repo" in drafter:
+        check_value(f"{w} [drafter]: repo=", drafter["repo"], _repo)
+    if "revision" in drafter and "repo" not in drafter:
+        raise SparkstackError(f"{w} [drafter]: revision needs repo (the HF repo it is a revision of)")
+    for where, table, key in ((f"{w}: ", doc, "model_revision"), (f"{w} [drafter]: ", drafter, "revision")):
+        if key in table:
+            check_value(f"{where}{key}=", table[key], _commit_or_unpinned)
     kv = doc.get("kv", {})
     _check(f"{w} [kv]", kv, _KV_KEYS)
     for key, value in kv.items():
@@ -521,5 +550,40 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         distributed_backend=doc.get("distributed_backend", "mp"), shm_size=doc.get("shm_size", "16g"), args=args,
         env=tuple(env.items()), status=status, blocked_reason=doc.get("blocked_reason", ""), knobs=tuple(knobs.items()),
         nodes=tuple(nodes), drafter_cache_knob=drafter.get("cache_name_knob"), drafter_method=drafter.get("method"),
-        kv=KvGeometry(**kv), clock_cap=clock_cap, gpu_memory_gib=float(gpu_gib),
+        kv=KvGeometry(**kv), clock_cap=clock_cap, gpu_memory_gib=float(gpu_gib), model_revision=doc.get("model_revision", UNPINNED), drafter_repo=drafter.get("repo"),
+        drafter_revision=drafter.get("revision", UNPINNED),
     )
+
+
+def refuse_installed_recipe(recipe: Recipe) -> None:
+    """A recipe installed with sparkstack (package data, site-packages, the Nix store) is never edited in place."""
+    root = shipped.installed_copy_root(recipe.path)
+    if root is not None:
+        raise SparkstackError(f"{show_path(recipe.path)}: is a shipped recipe installed under {show_path(root)}, not "
+                              f"writable; copy it and pin the copy: cp {shlex.quote(str(recipe.path))} my-recipe.toml "
+                              "&& sparkstack fetch --resolve --recipe ./my-recipe.toml")
+
+
+def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision: str | None) -> None:
+    """Pin revisions in the recipe's file through tomlkit (comments and layout stay), replaced atomically.
+
+    None leaves a field alone. An installed recipe is refused, with the copy command to run."""
+    import tomlkit
+
+    path, w = recipe.path, show_path(recipe.path)
+    refuse_installed_recipe(recipe)
+    original = path.read_bytes().decode("utf-8-sig")
+    doc, expect = tomlkit.parse(original), tomllib.loads(original)
+    for table, plain, key, was, new in ((doc, expect, "model_revision", recipe.model_revision, model_revision),
+                                        (doc.get("drafter"), expect.get("drafter"), "revision", recipe.drafter_revision,
+                                         drafter_revision)):
+        if new is None:
+            continue
+        check_value(f"{w}: {key}=", new, _commit_or_unpinned)
+        if plain.get(key, UNPINNED) != was:
+            raise SparkstackError(f"{w}: {key} changed since it was read; run again")
+        table[key] = plain[key] = new
+    text = tomlkit.dumps(doc)
+    if tomllib.loads(text) != expect:  # the edit landed on exactly those keys, and nothing else moved
+        raise SparkstackError(f"{w}: pinning would change more than the revision fields; nothing written")
+    fsio.write_atomic(path, text.encode("utf-8"))

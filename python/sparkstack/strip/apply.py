@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,67 +46,11 @@ def apply_plan(plan: StripPlan, on_progress: Callable[[int], None] | None = None
     """`on_wait(dest, holder_pid)` is called once if another strip of the same destination holds it."""
     if plan.up_to_date:
         return StripResult(plan.dest.root, plan.dest.revision, True, (), None)
-    with dest_lock(plan.dest.root, on_wait):
+    with fsio.dest_lock(plan.dest.root, on_wait):
         # Another strip may have published this very output while we planned or waited.
         if is_up_to_date(plan.dest, plan.fingerprint, plan.source.at_main):
             return StripResult(plan.dest.root, plan.dest.revision, True, (), None)
         return _apply_locked(plan, on_progress)
-
-
-def lock_path(dest: Path) -> Path:
-    """Beside the destination, so it never lands inside the source nor inside what gets replaced."""
-    return dest.parent / f".{dest.name}.sparkstack-lock"
-
-
-@contextmanager
-def dest_lock(dest: Path, on_wait: Callable[[Path, int | None], None]) -> Iterator[None]:
-    """Hold an exclusive flock for one destination; a second strip of it waits here.
-
-    The holder writes its pid into the lock file (for the waiting line) and unlinks the file before
-    releasing, so nothing is left behind. A waiter that wakes on an unlinked file retries on a fresh one.
-    The kernel drops the lock when a holder dies, so a kill -9 leaves no stale lock.
-    """
-    path = lock_path(dest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    told = False
-    while True:
-        # O_NOFOLLOW: a planted symlink must not get some other file truncated.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not told:
-                    on_wait(dest, _holder_pid(fd))
-                    told = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            if _still_linked(fd, path):
-                break
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)
-
-
-def _holder_pid(fd: int) -> int | None:
-    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() and len(text) < 12 else None
-
-
-def _still_linked(fd: int, path: Path) -> bool:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _apply_locked(plan: StripPlan, on_progress: Callable[[int], None] | None) -> StripResult:

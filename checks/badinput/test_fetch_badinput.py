@@ -1,0 +1,76 @@
+"""fetch against a hostile or broken hub, and a bad command line: one line each, nothing written."""
+
+import pytest
+from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
+
+
+@pytest.fixture
+def world(tmp_path):
+    repos = synthetic_repos(tmp_path / "repos")
+    hub = HubStandin(repos).start()
+    yield {"tmp": tmp_path, "repos": repos, "hub": hub,
+           "env": {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}}
+    hub.stop()
+
+
+def one_line(proc, code=1) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def pinned(w, name="recipe.toml"):
+    return recipe_copy(w["tmp"] / name, w["repos"][MODEL].refs["main"], w["repos"][DRAFTER].refs["main"])
+
+
+@pytest.mark.parametrize("bad_path", ["../../outside.json", "/etc/evil", "a//b.json", "./c.json", "d/../../e.json"])
+def test_a_listed_path_outside_the_snapshot_is_refused(run_cli, world, bad_path):
+    repo = world["repos"][MODEL]
+    files = dict(repo.commits[repo.refs["main"]])
+    files[bad_path] = b"{}"
+    repo.commit(files)
+    line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+    assert "which would land outside the snapshot" in line
+    assert world["hub"].requests("get") == [] and not (world["tmp"] / "hf").exists()
+
+
+def test_a_hub_answering_for_another_commit_is_refused(run_cli, world):
+    world["hub"].faults["info_sha"] = "1" * 40
+    line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+    assert f"answered for commit '{'1' * 40}' instead" in line
+    assert not (world["tmp"] / "hf").exists()
+
+
+@pytest.mark.parametrize("sha", ["main", "A" * 40, "", "0" * 39])
+def test_resolve_refuses_an_answer_that_is_not_a_commit(run_cli, world, sha):
+    world["hub"].faults["info_sha"] = sha
+    recipe = recipe_copy(world["tmp"] / "mine.toml")
+    before = recipe.read_bytes()
+    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
+    assert "named no commit hash" in line
+    assert recipe.read_bytes() == before
+
+
+def test_an_unknown_repo_is_one_line(run_cli, world):
+    del world["repos"][DRAFTER]
+    line = one_line(run_cli("fetch", "--recipe", recipe_copy(world["tmp"] / "mine.toml"), "--resolve", env=world["env"]))
+    assert f"{DRAFTER}@main: no such repo" in line
+
+
+def test_offline_mode_is_named(run_cli, world):
+    line = one_line(run_cli("fetch", "--recipe", pinned(world), env={**world["env"], "HF_HUB_OFFLINE": "1"}))
+    assert "HF_HUB_OFFLINE is set" in line
+
+
+def test_a_bad_revision_in_the_recipe_is_refused_before_the_hub_is_asked(run_cli, world):
+    recipe = recipe_copy(world["tmp"] / "mine.toml")
+    recipe.write_text(recipe.read_text().replace('model_revision = "unpinned"', 'model_revision = "HEAD"'))
+    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
+    assert "model_revision='HEAD' is neither" in line and world["hub"].requests() == []
+
+
+def test_bad_command_lines_are_usage_errors(run_cli, world):
+    one_line(run_cli("fetch", "--resolv", env=world["env"]), code=2)
+    one_line(run_cli("fetch", "extra-arg", env=world["env"]), code=2)
+    line = one_line(run_cli("fetch", "--recipe", world["tmp"] / "nope.toml", env=world["env"]))
+    assert "no such recipe file" in line

@@ -1,0 +1,155 @@
+"""Carry out `fetch`: pin commits into the recipe, or download exactly the pinned commits into the head's hub.
+
+A download is staged as a hub cache of its own beside the entries ($HF_HOME/hub/.sparkstack-fetch/<commit>/),
+so the entry itself only ever changes in `hfcache.publish_fetched`: after every downloaded file has been hashed
+against the name the hub gives it. A killed fetch leaves its finished files staged; the next one finds them
+there (huggingface_hub skips a file whose link exists), hashes them again and goes on.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack import fsio
+from sparkstack.errors import SparkstackError
+from sparkstack.fetch import hub
+from sparkstack.fetch.plan import EntryFetch, FetchPlan, ResolvePlan, entry_state
+from sparkstack.hfcache import (
+    ListedFile,
+    blob_is_intact,
+    blobs_dir,
+    entry_name,
+    publish_fetched,
+    snapshot_dir,
+)
+from sparkstack.recipe import write_revisions
+
+STAGE = ".sparkstack-fetch"
+MAX_STREAMS = 8  # files downloading at once, as huggingface_hub's snapshot_download does
+
+
+def apply_resolve(plan: ResolvePlan) -> bool:
+    """Write the resolved commits into the recipe; False when every repo was pinned already."""
+    if plan.up_to_date:
+        return False
+    write_revisions(plan.recipe, plan.commit_for("model"), plan.commit_for("drafter"))
+    return True
+
+
+@dataclass(frozen=True)
+class EntryResult:
+    label: str
+    repo: str
+    revision: str
+    up_to_date: bool
+    downloaded: int = 0
+    bytes_downloaded: int = 0
+    resumed: int = 0  # files a killed fetch had finished, found staged
+    linked: int = 0
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "repo": self.repo, "revision": self.revision, "up_to_date": self.up_to_date,
+                "downloaded": self.downloaded, "bytes_downloaded": self.bytes_downloaded, "resumed": self.resumed,
+                "linked": self.linked}
+
+
+def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = None,
+                on_wait: Callable[[Path, int | None], None] = lambda entry, pid: None) -> tuple[EntryResult, ...]:
+    results = []
+    for e in plan.entries:
+        if e.up_to_date:
+            results.append(EntryResult(e.wanted.label, e.wanted.repo, e.revision, True))
+            continue
+        with fsio.dest_lock(e.entry, on_wait):
+            fresh = entry_state(e.wanted, plan.hub)  # another fetch may have published it while we waited
+            if fresh.up_to_date:
+                results.append(EntryResult(e.wanted.label, e.wanted.repo, e.revision, True))
+                continue
+            results.append(_fetch_entry(fresh, plan.hub, on_progress or (lambda n: None)))
+    return tuple(results)
+
+
+def _fetch_entry(e: EntryFetch, hub_dir: Path, on_progress: Callable[[int], None]) -> EntryResult:
+    name = entry_name(e.wanted.repo)
+    stage = hub_dir / STAGE / e.revision  # a hub cache of its own, for huggingface_hub
+    for old in (hub_dir / STAGE).glob(f"*/{name}"):
+        if old.parent != stage:  # a killed fetch of another commit of this repo: nothing to resume there
+            shutil.rmtree(old.parent, ignore_errors=True)
+    staged_entry = stage / name
+    # What a killed run finished is kept if it still hashes to its name; anything else there goes again.
+    resumed = [f for f in e.to_download if (snapshot_dir(staged_entry, e.revision) / f.relpath).is_file()
+               and _problem(staged_entry, e, f) is None]
+    on_progress(sum(f.size for f in resumed))
+    fresh = [f for f in e.to_download if f not in resumed]
+
+    def download(f: ListedFile) -> None:
+        hub.download(e.wanted.repo, e.revision, f.relpath, stage, on_progress)
+        problem = _problem(staged_entry, e, f)  # hashed while the other streams still download
+        if problem:
+            raise SparkstackError(f"{e.wanted.repo}@{e.revision}: {f.relpath} {problem}; removed it, nothing "
+                                  "published (run fetch again)")
+
+    _download_all(sorted(fresh, key=lambda f: -f.size), download)
+    publish_fetched(staged_entry, e.entry, e.revision, e.files)
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        (hub_dir / STAGE).rmdir()
+    except OSError:
+        pass  # another commit's fetch is staged there
+    return EntryResult(e.wanted.label, e.wanted.repo, e.revision, False, len(fresh),
+                       sum(f.size for f in fresh), len(resumed), len(e.to_link))
+
+
+def _download_all(files: list[ListedFile], download: Callable[[ListedFile], object]) -> None:
+    """Up to MAX_STREAMS files at once. After a failure no new file starts, and the first failure is raised once
+    the running ones end (what finished stays staged). Daemon threads: Ctrl-C stops the whole fetch at once."""
+    todo, failures = queue.SimpleQueue(), []
+    for f in files:
+        todo.put(f)
+
+    def worker() -> None:
+        while not failures:
+            try:
+                f = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                download(f)
+            except Exception as exc:  # noqa: BLE001 -- any failure is handed to the main thread, which raises it
+                failures.append(exc)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(MAX_STREAMS, len(files)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+
+
+def _problem(staged_entry: Path, e: EntryFetch, f: ListedFile) -> str | None:
+    """None when the staged file is a link to the blob the hub names, of the listed size, whose bytes hash to
+    that name. huggingface_hub checks sizes only; a file that fails here is removed from the stage."""
+    link = snapshot_dir(staged_entry, e.revision) / f.relpath
+    blob = blobs_dir(staged_entry) / f.blob
+    real = link.resolve()
+    problem = None
+    if not real.is_file():
+        problem = "is missing from the stage"
+    elif real != blob.resolve():
+        problem = f"was served as blob {real.name[:64]!r}, not the {f.blob} the hub lists"
+    elif real.stat().st_size != f.size:
+        problem = f"is {real.stat().st_size} bytes, not the {f.size} the hub lists"
+    elif not blob_is_intact(blob, f.blob):
+        algorithm = "sha256" if len(f.blob) == 64 else "git blob sha1"
+        problem = f"does not hash to its {algorithm} {f.blob}"
+    if problem:
+        link.unlink(missing_ok=True)
+        if real.parent == blobs_dir(staged_entry).resolve():
+            real.unlink(missing_ok=True)
+    return problem

@@ -1,0 +1,172 @@
+"""The hub, through huggingface_hub: a repo's current commit, one commit's file list, one file into a cache dir.
+
+huggingface_hub reads HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE itself. Whatever the hub answers is
+checked before it is used (commits are 40 hex, paths stay inside the snapshot, blob names are hashes),
+and every failure becomes one line naming the repo, the revision and what went wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Self
+
+from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import ListedFile
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+@contextmanager
+def hub_errors(what: str) -> Iterator[None]:
+    """huggingface_hub's and its transport's exceptions, as one line about `what` (e.g. `org/name@rev`)."""
+    import httpx2  # huggingface_hub's own HTTP client (a dependency of the pinned major): its transport errors
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
+    except OfflineModeIsEnabled:
+        raise SparkstackError(f"{what}: HF_HUB_OFFLINE is set in this environment; unset it to fetch") from None
+    except RevisionNotFoundError:
+        raise SparkstackError(f"{what}: the hub at {endpoint()} has no such revision") from None
+    except RemoteEntryNotFoundError:
+        raise SparkstackError(f"{what}: the hub at {endpoint()} has no such file (404)") from None
+    except GatedRepoError:
+        raise SparkstackError(f"{what}: a gated repo: accept its terms on the hub and set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise SparkstackError(f"{what}: no such repo at {endpoint()}, or it is private and HF_TOKEN is not "
+                              "allowed to read it") from None
+    except HfHubHTTPError as exc:
+        code = exc.response.status_code if exc.response is not None else "?"
+        raise SparkstackError(f"{what}: the hub at {endpoint()} answered HTTP {code}") from None
+    except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
+        raise SparkstackError(f"{what}: cannot reach the hub at {endpoint()} ({_first_line(exc)})") from None
+    except (ValueError, KeyError, TypeError) as exc:  # an answer huggingface_hub could not parse
+        raise SparkstackError(f"{what}: the hub at {endpoint()} gave an answer that makes no sense "
+                              f"({_first_line(exc)})") from None
+    except OSError as exc:  # a short body (huggingface_hub's size check), a full disk
+        raise SparkstackError(f"{what}: {_first_line(exc)}") from None
+
+
+def _quiet() -> None:
+    """No telemetry: with it, huggingface_hub fetches an agent registry for its user agent and caches it in
+    $HF_HOME, a write that neither a fetch nor a dry run may make."""
+    from huggingface_hub import constants
+
+    constants.HF_HUB_DISABLE_TELEMETRY = True  # read at each request, not only at import
+
+
+def _api():
+    from huggingface_hub import HfApi
+
+    _quiet()
+    return HfApi()
+
+
+def current_commit(repo: str) -> str:
+    """The commit the repo's default branch names now."""
+    with hub_errors(f"{repo}@main"):
+        sha = _api().model_info(repo).sha
+    if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
+        raise SparkstackError(f"{repo}@main: the hub at {endpoint()} named no commit hash (got {str(sha)[:60]!r})")
+    return sha
+
+
+def _relpath_problem(path: object) -> str | None:
+    if not isinstance(path, str) or not path or len(path) > 1024:
+        return "is not a file path"
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path or "\0" in path \
+            or not path.isprintable():
+        return "would land outside the snapshot"
+    return None
+
+
+def listing(repo: str, revision: str) -> tuple[ListedFile, ...]:
+    """Every file of the commit, with the blob name the cache will give it and its size (one model_info call)."""
+    what = f"{repo}@{revision}"
+    with hub_errors(what):
+        info = _api().model_info(repo, revision=revision, files_metadata=True)
+    if info.sha != revision:
+        raise SparkstackError(f"{what}: the hub at {endpoint()} answered for commit {str(info.sha)[:40]!r} instead")
+    files = []
+    for s in info.siblings or ():
+        problem = _relpath_problem(s.rfilename)
+        if problem:
+            raise SparkstackError(f"{what}: the hub lists {str(s.rfilename)[:80]!r}, which {problem}")
+        blob, size = (s.lfs.sha256, s.lfs.size) if s.lfs is not None else (s.blob_id, s.size)
+        name_ok = isinstance(blob, str) and (_SHA256 if s.lfs is not None else _COMMIT).fullmatch(blob)
+        if not name_ok or type(size) is not int or size < 0:
+            raise SparkstackError(f"{what}: the hub lists {s.rfilename!r} without a usable hash and size")
+        files.append(ListedFile(s.rfilename, blob, size))
+    if not files:
+        raise SparkstackError(f"{what}: the hub lists no files for this commit")
+    if len({f.relpath for f in files}) != len(files):
+        raise SparkstackError(f"{what}: the hub lists a file twice")
+    return tuple(sorted(files, key=lambda f: f.relpath))
+
+
+def _byte_counter(on_progress: Callable[[int], None]) -> type:
+    """The few tqdm methods huggingface_hub calls on a download's bar, feeding `on_progress(bytes)`."""
+
+    class Counter:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self) -> Self:
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def update(self, n: float | None = 1) -> None:
+            if n:
+                on_progress(int(n))  # negative when a server ignored a Range and the bytes start over
+
+        def update_transfer(self, n: float | None = 1) -> None:
+            pass  # network bytes (xet); the bar counts bytes written, through update()
+
+        def set_postfix_str(self, *args, **kwargs) -> None:
+            pass
+
+        set_transfer_postfix_str = set_postfix_str
+
+        def close(self) -> None:
+            pass
+
+    return Counter
+
+
+def download(repo: str, revision: str, relpath: str, cache_dir: Path, on_progress: Callable[[int], None]) -> Path:
+    """One file of the commit into `cache_dir` (a hub cache of its own); returns its snapshot link there.
+
+    huggingface_hub writes to a temp file and renames it into blobs/ when whole, and resumes a dropped
+    connection with a Range request."""
+    from huggingface_hub import hf_hub_download
+
+    _quiet()
+    with hub_errors(f"{repo}@{revision}: {relpath}"):
+        return Path(hf_hub_download(repo, relpath, revision=revision, cache_dir=cache_dir,
+                                    tqdm_class=_byte_counter(on_progress)))

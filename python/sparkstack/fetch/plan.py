@@ -1,0 +1,150 @@
+"""What `fetch` would do: the recipe's repos, the commit each pins, and what the head's hub lacks of it.
+
+Reads the recipe and the hub cache; asks the hub (read-only) for a commit's file list only when no
+earlier fetch recorded it, and for a repo's current commit only under --resolve.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack.errors import SparkstackError
+from sparkstack.fetch import hub
+from sparkstack.hfcache import (
+    ListedFile,
+    entry_name,
+    hub_of,
+    read_listing,
+    read_ref,
+    snapshot_needs,
+)
+from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One repo the recipe names, and the commit it pins (None while it says unpinned)."""
+
+    label: str  # "model" or "drafter"
+    field: str  # where the recipe keeps the revision
+    repo: str
+    revision: str | None
+
+
+def wanted(recipe: Recipe) -> tuple[Wanted, ...]:
+    out = [Wanted("model", "model_revision", recipe.model, recipe.model_pin)]
+    if recipe.drafter_repo:
+        out.append(Wanted("drafter", "[drafter] revision", recipe.drafter_repo, recipe.drafter_pin))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ResolvePlan:
+    recipe: Recipe
+    pins: tuple[tuple[Wanted, str | None], ...]  # (entry, the hub's current commit; None when already pinned)
+
+    @property
+    def up_to_date(self) -> bool:
+        return all(commit is None for _, commit in self.pins)
+
+    def commit_for(self, label: str) -> str | None:
+        return next((commit for w, commit in self.pins if w.label == label), None)
+
+    def to_json(self) -> dict:
+        return {"recipe": str(self.recipe.path), "up_to_date": self.up_to_date,
+                "entries": [{"label": w.label, "repo": w.repo, "field": w.field, "pinned": w.revision,
+                             "resolved": commit} for w, commit in self.pins]}
+
+
+def plan_resolve(recipe: Recipe) -> ResolvePlan:
+    """Ask the hub for the current commit of every unpinned repo; a pinned one is left as it is."""
+    todo = wanted(recipe)
+    if any(w.revision is None for w in todo):
+        refuse_installed_recipe(recipe)  # before asking the hub anything: the answer could not be written
+    return ResolvePlan(recipe, tuple((w, None if w.revision else hub.current_commit(w.repo)) for w in todo))
+
+
+@dataclass(frozen=True)
+class EntryFetch:
+    wanted: Wanted
+    entry: Path  # hub/models--ORG--NAME
+    files: tuple[ListedFile, ...]  # the commit's files, as the hub lists them
+    listing_from: str  # "record" (an earlier fetch published it) or "hub"
+    present: tuple[ListedFile, ...]
+    to_link: tuple[ListedFile, ...]  # their blobs are in the entry already (another revision shares them)
+    to_download: tuple[ListedFile, ...]
+    ref_main: str | None
+
+    @property
+    def revision(self) -> str:
+        assert self.wanted.revision is not None
+        return self.wanted.revision
+
+    @property
+    def up_to_date(self) -> bool:
+        return not self.to_link and not self.to_download and self.ref_main == self.revision
+
+    @property
+    def bytes_to_download(self) -> int:
+        return sum(f.size for f in self.to_download)
+
+    def to_json(self) -> dict:
+        return {"label": self.wanted.label, "repo": self.wanted.repo, "revision": self.revision,
+                "entry": str(self.entry), "up_to_date": self.up_to_date, "listing_from": self.listing_from,
+                "files": len(self.files), "present": len(self.present), "to_link": [f.relpath for f in self.to_link],
+                "to_download": [f.to_json() for f in self.to_download], "bytes_to_download": self.bytes_to_download,
+                "ref_main": self.ref_main}
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    recipe: Recipe
+    hub: Path
+    entries: tuple[EntryFetch, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def bytes_to_download(self) -> int:
+        return sum(e.bytes_to_download for e in self.entries)
+
+    def to_json(self) -> dict:
+        return {"recipe": str(self.recipe.path), "hub": str(self.hub), "warnings": list(self.warnings),
+                "entries": [e.to_json() for e in self.entries]}
+
+
+def head_hub(recipe: Recipe, environ: Mapping[str, str]) -> Path:
+    """The hub launch mounts on the head: $HF_HOME/hub, HF_HOME by launch's precedence (environment > recipe)."""
+    from sparkstack.launch.plan import resolve_knobs
+
+    return Path(hub_of(os.path.expanduser(resolve_knobs(recipe, environ)["HF_HOME"])))
+
+
+def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
+    """What the hub cache holds of one pinned commit (the file list from the record, else from the hub)."""
+    entry = hub_dir / entry_name(w.repo)
+    files, source = read_listing(entry, w.revision), "record"
+    if files is None:
+        files, source = hub.listing(w.repo, w.revision), "hub"
+    try:
+        ref = read_ref(entry)
+    except SparkstackError:
+        ref = None  # unreadable: fetch writes a good one
+    return EntryFetch(w, entry, files, source, *snapshot_needs(entry, w.revision, files), ref_main=ref)
+
+
+def plan_fetch(recipe: Recipe, environ: Mapping[str, str]) -> FetchPlan:
+    todo = wanted(recipe)
+    unpinned = [w.field for w in todo if w.revision is None]
+    if unpinned:
+        raise SparkstackError(f"{show_path(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
+                              f"commits only; run `sparkstack fetch --resolve --recipe {show_path(recipe.path)}` "
+                              "to pin the hub's current ones")
+    hub_dir = head_hub(recipe, environ)
+    warnings = []
+    other = environ.get("HF_HUB_CACHE")
+    if other and Path(os.path.expanduser(other)).absolute() != hub_dir.absolute():
+        warnings.append(f"HF_HUB_CACHE={other} is ignored: fetch writes to {hub_dir}, the hub launch mounts")
+    return FetchPlan(recipe, hub_dir, tuple(entry_state(w, hub_dir) for w in todo), tuple(warnings))
