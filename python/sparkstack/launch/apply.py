@@ -25,6 +25,7 @@ from sparkstack.launch.timeline import (
     kv_pool,
     last_lines,
     parse_rank,
+    secs,
 )
 from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
@@ -203,9 +204,9 @@ def _report_progress(boot: Boot, now: dict[int, tuple[RankTimeline, str, str]], 
         for phase, at in tl.phases:
             if old is None or phase not in dict(old.phases):
                 kv = f" (Available KV cache memory: {tl.kv_gib} GiB)" if phase == "KV profiled" and tl.kv_gib else ""
-                on_event(f"rank {rank}: {phase} at {at} s{kv}")
+                on_event(f"rank {rank}: {phase} at {secs(at)}{kv}")
         for w in tl.warnings[len(old.warnings) if old else 0:]:
-            on_event(f"rank {rank}: warning at {w.at_s} s: {w.text} ({w.diagnosis})")
+            on_event(f"rank {rank}: warning at {secs(w.at_s)}: {w.text} ({w.diagnosis})")
         if rank == 0:
             for line in CONFIRM_LINES:
                 if line in logs and line not in boot.seen_lines:
@@ -220,7 +221,7 @@ def _check_boot(plan: LaunchPlan, runners: dict[int, Runner], now: dict[int, tup
     for rank, (tl, status, logs) in sorted(now.items()):
         if tl.fatal:
             f = tl.fatal
-            raise LaunchFailed(f"rank {rank}: fatal boot line at {f.at_s} s: {f.text[:200]!r}: {f.diagnosis}",
+            raise LaunchFailed(f"rank {rank}: fatal boot line at {secs(f.at_s)}: {f.text[:200]!r}: {f.diagnosis}",
                                {rank: last_lines(logs, t.log_tail)})
     for rank, (tl, status, logs) in sorted(now.items()):
         if status != "running":

@@ -151,14 +151,18 @@ def kv_pool(plan: LaunchPlan, timelines: list[RankTimeline]) -> KvPool | None:
     return KvPool(pool_bytes, smallest.rank, tuple(t.rank for t in reported), kv.tokens, kv.per_token_bytes)
 
 
+def secs(at: float | None) -> str:
+    return "? s" if at is None else f"{at:.1f} s"
+
+
 def timeline_lines(timeline: list[dict], pool: dict | None) -> list[str]:
     """The human form of a boot's timeline and pool, from their JSON (a live boot's or a run record's)."""
     lines = ["boot timeline (seconds since each rank's container started):"]
     for rank in timeline:
-        done = ", ".join(f"{p} {'?' if s is None else f'{s:.1f}'} s" for p, s in rank["phases"].items())
+        done = ", ".join(f"{p} {secs(s)}" for p, s in rank["phases"].items())
         kv = "?" if rank["kv_available_gib"] is None else f"{rank['kv_available_gib']:.2f} GiB"
         lines.append(f"  rank {rank['rank']}: {done or 'no phase seen'}; Available KV cache memory {kv}")
-        lines += [f"  rank {rank['rank']}: warning at {w['at_s']} s: {w['line']} ({w['diagnosis']})" for w in rank["warnings"]]
+        lines += [f"  rank {rank['rank']}: warning (not fatal) at {secs(w['at_s'])}: {w['line']}" for w in rank["warnings"]]
     if pool is None:
         lines.append("KV pool: unknown (no rank printed `Available KV cache memory`)")
     else:
