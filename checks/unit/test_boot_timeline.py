@@ -197,3 +197,12 @@ def test_a_container_with_two_workers_counts_its_smaller_kv_figure():
                     (501.0, "(Worker_TP1 pid=313) INFO 05-01 10:08:21 [gpu_worker.py:298] Available KV cache memory: 8.75 GiB")])
     tl = parse_rank(0, logs, T0)
     assert tl.kv_gib == 8.75 and dict(tl.phases) == {"KV profiled": 500.0}
+
+
+@pytest.mark.parametrize("figure", ["1.2.3", "..", "9" * 5000, "1e999", "-4.0"])
+def test_a_mangled_figure_is_no_figure_and_no_crash(figure):
+    logs = as_logs([(1.0, f"(Worker_TP0 pid=3) INFO 05-01 10:00:01 [gpu_worker.py:298] Available KV cache memory: {figure} GiB"),
+                    (2.0, f"(EngineCore_DP0 pid=2) INFO 05-01 10:00:02 [kv_cache_utils.py:1087] GPU KV cache size: {figure} tokens"),
+                    (3.0, "(EngineCore_DP0 pid=2) INFO 05-01 10:00:03 [kv_cache_utils.py:1087] GPU KV cache size: , tokens")])
+    tl = parse_rank(0, logs, T0)
+    assert (tl.kv_gib, tl.kv_tokens, tl.phases) == (None, None, ())
