@@ -55,8 +55,13 @@ def write_host(root: Path, tuned: bool = True) -> Path:
 
 
 def write_hub(home: Path) -> Path:
+    """The cache entries launch serves. The model entry is stripped: no tensor synth declares MTP, no MTP layer."""
     flat = home / "flat"
-    synth.write_model_dir(flat)
+    stripped = {name: [s for s in specs if not s.mtp] for name, specs in synth.DEFAULT_SHARDS.items()}
+    config = synth.base_config(True)
+    for level in (config, config["text_config"]):
+        level.update(num_nextn_predict_layers=0, index_share_for_mtp_iteration=False)
+    synth.write_model_dir(flat, shards={name: specs for name, specs in stripped.items() if specs}, config=config)
     synth.cache_from_dir(flat, home / "hub", repo_id="LibertAIDAI/GLM-5.3-Flash-NVFP4-no-MTP")
     dflat = home / "dflat"
     synth.write_model_dir(dflat, index=False, shards={"model.safetensors": synth.DEFAULT_SHARDS["model-00001-of-00003.safetensors"]})

@@ -37,6 +37,20 @@ BOOT_LINES = [
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo")
 
 
+def for_this_rank(name, default):
+    """$name as JSON: an object is keyed by --node-rank, anything else holds for every rank."""
+    raw = os.environ.get(name)
+    value = json.loads(raw) if raw else default
+    return value.get(arg("--node-rank", "0"), default) if isinstance(value, dict) else value
+
+
+def boot_script():
+    """$STANDIN_BOOT_SCRIPT: [[delay_s, line], ...] printed verbatim (the test gives vLLM's prefixes), default
+    BOOT_LINES; then $STANDIN_DIE_WITH's line, if set, and exit 1. Both may be keyed by rank (for_this_rank)."""
+    default = [[0, f"INFO {time.strftime('%m-%d %H:%M:%S')} [standin] {line}"] for line in BOOT_LINES]
+    return for_this_rank("STANDIN_BOOT_SCRIPT", default)
+
+
 def arg(name, default=None):
     argv = sys.argv[1:]
     return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else default
@@ -498,8 +512,13 @@ def main():
         log(f"could not record argv to {record}: {exc}")
     mode = os.environ.get("STANDIN_HEALTH_DELAY", "2")
     log(f"stand-in engine starting; argv={sys.argv[1:]}")
-    for line in BOOT_LINES:
-        log(line)
+    for delay, line in boot_script():
+        time.sleep(float(delay))
+        print(line, flush=True)
+    die_with = for_this_rank("STANDIN_DIE_WITH", None)
+    if die_with:
+        print(die_with, flush=True)
+        sys.exit(1)
     if mode == "die":
         log("RuntimeError: stand-in told to die during boot")
         sys.exit(3)

@@ -32,7 +32,7 @@ def lab_recipe(lab, work: Path, extra_env: dict[str, str]) -> Path:
     nodes = (f'[[nodes]]\nhost = "head"\nfabric_ip = "10.0.0.1"\ndocker_host = "{lab.head.dockerd.host}"\n\n'
              f'[[nodes]]\nhost = "worker"\nssh = "worker"\nfabric_ip = "10.0.0.2"\ndocker_host = "{lab.worker.dockerd.host}"\n\n')
     text = text[:start] + nodes + text[end:]
-    env_lines = "".join(f'{k} = "{v}"\n' for k, v in extra_env.items())
+    env_lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in extra_env.items())  # a JSON string is a TOML string
     text = text.replace("[env]\n", "[env]\n" + env_lines)
     path = work / f"recipe-{abs(hash(tuple(extra_env.items())))}.toml"
     path.write_text(text)

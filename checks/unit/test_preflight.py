@@ -7,8 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 import standins
+import synth
 
 
 from hostfix import DRAFT_CACHE, FIB_TRIE, HCA, MODEL_CACHE, NIC, ROUTE, TCP_HEADER, write_host, write_hub
@@ -38,7 +41,8 @@ def test_healthy_host_passes_everything(run_cli, world):
     assert statuses == {"recipe": "pass", "nic": "pass", "hca": "pass", "fabric-ip": "pass", "ports": "pass",
                         "memory": "pass", "swappiness": "pass", "swappiness-persisted": "pass", "swap": "pass",
                         "persistence-mode": "pass", "clock-cap": "pass", "disk": "pass", "model-snapshot": "pass",
-                        "chat-template": "pass", "quantization": "pass", "drafter-snapshot": "pass", "kv-plan": "pass",
+                        "chat-template": "pass", "quantization": "pass", "mtp-strip": "pass",
+                        "drafter-snapshot": "pass", "kv-plan": "pass",
                         "api-key": "pass", "image": "skip"}
 
 
@@ -79,6 +83,25 @@ def _modelopt(root, home):
     target.write_text(json.dumps(cfg))
 
 
+def _config_edit(top=None, text=None, drop=()):
+    def edit(root, home):
+        snap = next((home / "hub" / MODEL_CACHE / "snapshots").iterdir())
+        cfg = json.loads((snap / "config.json").read_text())
+        cfg.update(top or {})
+        cfg["text_config"].update(text or {})
+        for key in drop:
+            del cfg[key]
+        (snap / "config.json").unlink()  # a link into blobs/: replace it, leave the blob alone
+        (snap / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _mtp_shard_beside_the_index(root, home):
+    # The loader reads every *.safetensors file, not the index: an MTP tensor in a shard the index does not name counts.
+    snap = next((home / "hub" / MODEL_CACHE / "snapshots").iterdir())
+    save_file({f"model.layers.{synth.LAYERS}.eh_proj.weight": torch.zeros(2, 2)}, str(snap / "model-mtp.safetensors"))
+
+
 BROKEN = {
     "nic missing": (lambda r, h: shutil.rmtree(r / f"sys/class/net/{NIC}"), "nic", "fail", "does not exist"),
     "nic down with UP flag": (_down, "nic", "fail", "'down'"),
@@ -98,6 +121,17 @@ BROKEN = {
     "shard truncated": (_truncate_shard, "model-snapshot", "fail", "past the"),
     "no chat template": (_no_template, "chat-template", "warn", "500"),
     "modelopt checkpoint": (_modelopt, "quantization", "warn", "54150"),
+    "modelopt, vLLM's method name": (_config_edit(top={"quantization_config": {"quant_method": "modelopt_fp4"}}),
+                                     "quantization", "warn", "modelopt_fp4"),
+    "mtp layer left on": (_config_edit(top={"num_nextn_predict_layers": 1}), "mtp-strip", "fail",
+                          "config.json num_nextn_predict_layers = 1"),
+    "mtp layer left on in text_config": (_config_edit(text={"num_nextn_predict_layers": 1}), "mtp-strip", "fail",
+                                         "text_config num_nextn_predict_layers = 1"),
+    "mtp setting missing": (_config_edit(drop=("num_nextn_predict_layers",)), "mtp-strip", "fail",
+                            "config.json num_nextn_predict_layers = unset"),
+    "mtp setting false": (_config_edit(text={"num_nextn_predict_layers": False}), "mtp-strip", "fail",
+                          "text_config num_nextn_predict_layers = False"),
+    "mtp tensor in a shard": (_mtp_shard_beside_the_index, "mtp-strip", "fail", "model-mtp.safetensors still holds 1"),
     "no refs": (lambda r, h: (h / "hub" / DRAFT_CACHE / "refs/main").unlink(), "drafter-snapshot", "fail", "refs/main"),
     # The facts `sparkstack tune` sets: warnings, as a reboot or a missing tool does not stop a launch.
     "swappiness not persisted": (lambda r, h: (r / "etc/sysctl.d/60-swappiness.conf").unlink(),
@@ -184,3 +218,20 @@ def test_worker_host_facts_are_read_over_ssh(run_cli, world):
     calls = standins.recorded(root.parent / "calls.jsonl")
     ssh_reads = [shlex.split(c[-1]) for c in calls if c[0] == "ssh" and c[-1].startswith("grep ")]
     assert len(ssh_reads) == 1 and f"{root}/proc/meminfo" in ssh_reads[0]
+
+
+@pytest.mark.parametrize("index_only", [False, True])
+def test_mtp_strip_check_reads_what_strip_really_wrote(run_cli, world, tmp_path, index_only):
+    """The real strip's output passes; its --index-only output, which leaves MTP tensors in the shards, fails."""
+    home = world[1]
+    flat = tmp_path / "unstripped"
+    synth.write_model_dir(flat)
+    src = synth.cache_from_dir(flat, tmp_path / "src-hub")
+    out = home / "hub" / "models--sparkstack--stripped"
+    run_cli("strip", src, "--out", out, *(["--index-only"] if index_only else []), check=0)
+    checks = preflight(run_cli, world, env={"MODEL_CACHE_NAME": out.name})
+    mtp_shards = sorted(s for s, specs in synth.DEFAULT_SHARDS.items() if any(spec.mtp for spec in specs))
+    if index_only:
+        assert checks["mtp-strip"]["status"] == "fail" and mtp_shards[0] in checks["mtp-strip"]["detail"]
+    else:
+        assert checks["mtp-strip"]["status"] == "pass", checks["mtp-strip"]

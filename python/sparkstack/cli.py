@@ -600,8 +600,10 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
         if as_json:
             _print_json({"ranks": rows, "last_run": last_run})
         else:
-            for row in rows + ([{"last_run": last_run["id"], "boot": last_run.get("boot")}] if last_run else []):
+            for row in rows:
                 click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+            if last_run:
+                _print_boot(last_run["id"], last_run.get("boot"))
         return
     selected = report.select_ranks(plan, target)
     checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
@@ -634,12 +636,26 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
             click.echo(text.rstrip(), err=True)
         raise
     if as_json:
-        _print_json({"record": str(record), "boot": None if boot is None else boot.__dict__,
+        _print_json({"record": str(record), "boot": None if boot is None else boot.to_json(),
                      "memory_guard": None if guard is None else guard.fired})
     else:
+        if boot is not None:
+            _print_boot(record.stem, boot.to_json())
         if guard is not None:
             click.echo(f"memory guard: stopped with the boot watch; acted {len(guard.fired)} time(s)")
         click.echo(f"run record: {record}")
+
+
+def _print_boot(run: str, boot: dict | None) -> None:
+    """A run's boot: its readiness times, then the per-rank timeline and the KV pool."""
+    from sparkstack.launch.timeline import timeline_lines
+
+    if boot is None:
+        click.echo(f"last run {run}: no boot watched (the head was not started)")
+        return
+    click.echo(f"run {run}: port open {boot['port_open_s']} s, /health {boot['health_s']} s, first token {boot['ttft_s']} s")
+    for line in timeline_lines(boot.get("timeline", []), boot.get("kv_pool")):
+        click.echo(line)
 
 
 @main.command()

@@ -10,33 +10,25 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import requests
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
+from sparkstack.launch.bootlines import CONFIRM_LINES
 from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.launch.timeline import (
+    KvPool,
+    RankTimeline,
+    docker_time,
+    kv_pool,
+    last_lines,
+    parse_rank,
+    secs,
+)
 from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
-
-EXPECTED_LINES = (
-    "Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",
-    "Using 'MARLIN' NvFp4 MoE backend",
-    "Using Eagle3 auxiliary layers from config: (6, 15, 25, 34, 43)",
-    "GPU KV cache size:",
-    "Graph capturing finished",
-)
-# Known fatal patterns: fail fast instead of waiting out the health timeout.
-FATAL_PATTERNS = (
-    ("page size is not divisible by the maximum page size", "KV page sizes cannot be unified"),
-    ("NCCL error", "NCCL error"),
-    ("ncclInternalError", "NCCL error"),
-    ("ncclSystemError", "NCCL error"),
-    ("CUDA out of memory", "CUDA out of memory"),
-    ("torch.OutOfMemoryError", "CUDA out of memory"),
-)
 
 
 @dataclass(frozen=True)
@@ -60,6 +52,13 @@ class Boot:
     health_s: float | None = None
     ttft_s: float | None = None
     seen_lines: list[str] = field(default_factory=list)
+    timeline: list[RankTimeline] = field(default_factory=list)
+    kv_pool: KvPool | None = None
+
+    def to_json(self) -> dict:
+        return {"port_open_s": self.port_open_s, "health_s": self.health_s, "ttft_s": self.ttft_s,
+                "seen_lines": self.seen_lines, "timeline": [t.to_json() for t in self.timeline],
+                "kv_pool": self.kv_pool.to_json() if self.kv_pool else None}
 
 
 def _docker_run(rank: RankPlan, runner: Runner) -> list[str]:
@@ -86,12 +85,7 @@ def _logs(runner: Runner, name: str, tail: int) -> str:
 
 
 def _started_epoch(started: str | None) -> float:
-    if not started:
-        return time.time()
-    # docker prints nanoseconds; datetime takes microseconds.
-    head, _, frac = started.rstrip("Z").partition(".")
-    stamp = datetime.fromisoformat(head + "+00:00")
-    return stamp.timestamp() + (float("0." + frac[:6]) if frac else 0.0)
+    return docker_time(started) if started else time.time()
 
 
 def all_logs(plan: LaunchPlan, runners: dict[int, Runner], tail: int) -> dict[int, str]:
@@ -190,6 +184,51 @@ def _chunk_delta(data: str) -> dict:
         raise SparkstackError(f"chat stream sent something that is not a chat chunk: {shown!r}") from None
 
 
+def read_timeline(plan: LaunchPlan, runners: dict[int, Runner]) -> dict[int, tuple[RankTimeline, str, str]]:
+    """Each rank's timeline so far, with its container state and its whole timestamped log."""
+    out = {}
+    for rank in plan.ranks:
+        runner = runners[rank.rank]
+        status, started = _state(runner, rank.name)
+        proc = runner.run_docker("logs", "--timestamps", rank.name, timeout=60)
+        logs = proc.stdout + proc.stderr if proc.returncode == 0 else ""
+        out[rank.rank] = (parse_rank(rank.rank, logs, _started_epoch(started)), status, logs)
+    return out
+
+
+def _report_progress(boot: Boot, now: dict[int, tuple[RankTimeline, str, str]], on_event: Callable[[str], None]) -> None:
+    """Announce what each rank reached since the last poll: new phases, new warnings, the head's confirm lines."""
+    before = {t.rank: t for t in boot.timeline}
+    for rank, (tl, _, logs) in sorted(now.items()):
+        old = before.get(rank)
+        for phase, at in tl.phases:
+            if old is None or phase not in dict(old.phases):
+                kv = f" (Available KV cache memory: {tl.kv_gib} GiB)" if phase == "KV profiled" and tl.kv_gib else ""
+                on_event(f"rank {rank}: {phase} at {secs(at)}{kv}")
+        for w in tl.warnings[len(old.warnings) if old else 0:]:
+            on_event(f"rank {rank}: warning at {secs(w.at_s)}: {w.text} ({w.diagnosis})")
+        if rank == 0:
+            for line in CONFIRM_LINES:
+                if line in logs and line not in boot.seen_lines:
+                    boot.seen_lines.append(line)
+                    on_event(f"seen: {line}")
+    boot.timeline = [tl for _, (tl, _, _) in sorted(now.items())]
+
+
+def _check_boot(plan: LaunchPlan, runners: dict[int, Runner], now: dict[int, tuple[RankTimeline, str, str]],
+                t: Timeouts) -> None:
+    """A fatal line ends the wait at once, with that rank's last lines; so does a container that is not running."""
+    for rank, (tl, status, logs) in sorted(now.items()):
+        if tl.fatal:
+            f = tl.fatal
+            raise LaunchFailed(f"rank {rank}: fatal boot line at {secs(f.at_s)}: {f.text[:200]!r}: {f.diagnosis}",
+                               {rank: last_lines(logs, t.log_tail)})
+    for rank, (tl, status, logs) in sorted(now.items()):
+        if status != "running":
+            name = plan.ranks[rank].name
+            raise LaunchFailed(f"rank {rank} container {name} is {status} during boot", all_logs(plan, runners, t.log_tail))
+
+
 def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_key: str | None,
                on_event: Callable[[str], None], on_poll: Callable[[], None] | None = None) -> Boot:
     """`on_poll` runs once per round, before the ranks are looked at (the memory guard)."""
@@ -200,20 +239,9 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
     for _ in range(t.health_attempts):
         if on_poll is not None:
             on_poll()
-        for rank in plan.ranks:
-            status, _ = _state(runners[rank.rank], rank.name)
-            if status != "running":
-                raise LaunchFailed(f"rank {rank.rank} container {rank.name} is {status} during boot",
-                                   all_logs(plan, runners, t.log_tail))
-            text = _logs(runners[rank.rank], rank.name, 400)
-            for pattern, what in FATAL_PATTERNS:
-                if pattern in text:
-                    raise LaunchFailed(f"rank {rank.rank}: {what} ({pattern!r} in its log)", all_logs(plan, runners, t.log_tail))
-            if rank.rank == 0:
-                for line in EXPECTED_LINES:
-                    if line in text and line not in boot.seen_lines:
-                        boot.seen_lines.append(line)
-                        on_event(f"seen: {line}")
+        now = read_timeline(plan, runners)
+        _report_progress(boot, now, on_event)
+        _check_boot(plan, runners, now, t)
         if boot.port_open_s is None and _port_open(plan.api_port):
             boot.port_open_s = round(time.time() - t0, 3)
             on_event(f"port {plan.api_port} open after {boot.port_open_s:.1f} s")
@@ -230,6 +258,8 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
                 raise LaunchFailed(f"healthy, but no first token: {exc}", all_logs(plan, runners, t.log_tail)) from None
             boot.ttft_s = round(time.time() - t0, 3)
             on_event(f"first token after {boot.ttft_s:.1f} s (request itself {ttft:.2f} s)")
+            _report_progress(boot, read_timeline(plan, runners), on_event)  # the lines printed since the last poll
+            boot.kv_pool = kv_pool(plan, boot.timeline)
             return boot
         time.sleep(t.health_interval_s)
     raise LaunchFailed(f"no /health 200 after {t.health_attempts} x {t.health_interval_s:g} s",
@@ -257,8 +287,7 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
         "ranks": [{"rank": r.rank, "host": r.host, "name": r.name, "docker_run": ran[r.rank]}
                   for r in plan.ranks if r.rank in ran],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "boot": None if boot is None else {"port_open_s": boot.port_open_s, "health_s": boot.health_s,
-                                           "ttft_s": boot.ttft_s, "seen_lines": boot.seen_lines},
+        "boot": None if boot is None else boot.to_json(),
     }
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)

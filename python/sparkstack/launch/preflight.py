@@ -18,10 +18,12 @@ from pathlib import Path
 
 from sparkstack.checkline import check_line
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import probe_argv, probe_result, snapshot_dir, snapshot_state
+from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
+from sparkstack.safetensors_header import read_header
+from sparkstack.strip.mtp import is_mtp_key, num_hidden_layers
 from sparkstack.tune.facts import HostFacts, read_facts
 
 GIB = 1 << 30
@@ -217,20 +219,55 @@ def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str,
         ok = state.has(CHAT_TEMPLATE)
         checks.append(Check("chat-template", "pass" if ok else "warn",
                             f"{CHAT_TEMPLATE} present" if ok else f"{CHAT_TEMPLATE} missing: image requests will return 500"))
-        checks.append(_modelopt_check(snapshot_dir(hub / cache_name, revision)))
+        snap = snapshot_dir(hub / cache_name, revision)
+        config = _read_config(snap)
+        checks += [_modelopt_check(snap, config), _mtp_strip_check(snap, config, state)]
     return checks
 
 
-def _modelopt_check(snap: Path) -> Check:
+def _read_config(snap: Path) -> dict | None:
     try:
         config = json.loads((snap / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    quant = (config.get("quantization_config") or {}).get("quant_method", "")
-    if quant == "modelopt" or (snap / "hf_quant_config.json").exists():
-        return Check("quantization", "warn", "ModelOpt NVFP4 checkpoint: may emit corrupted token ids (vLLM #54150); "
-                                             "the compressed-tensors build avoids it at ~25% lower step rate")
-    return Check("quantization", "pass", quant or "not ModelOpt")
+    except (OSError, ValueError, RecursionError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _modelopt_check(snap: Path, config: dict | None) -> Check:
+    quant = (config or {}).get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    method = method if isinstance(method, str) else ""
+    # quant_method is "modelopt" (vLLM's own names add a suffix: modelopt_fp4); older exports only ship hf_quant_config.json.
+    if method.lower().startswith("modelopt") or (snap / "hf_quant_config.json").exists():
+        return Check("quantization", "warn", f"ModelOpt checkpoint (quant_method {method or 'from hf_quant_config.json'}): "
+                                             "may emit corrupted token ids (vLLM #54150); the compressed-tensors "
+                                             "build avoids it at ~25% lower step rate")
+    return Check("quantization", "pass", f"quant_method {method}" if method else "not quantized by ModelOpt")
+
+
+def _mtp_strip_check(snap: Path, config: dict | None, state: SnapshotState) -> Check:
+    """The served snapshot must be stripped: the loader reads every shard file, so MTP tensors on disk still load."""
+    if config is None:
+        return Check("mtp-strip", "fail", f"{snap / 'config.json'} is missing or not a JSON object")
+    levels = {"config.json": config}
+    if isinstance(config.get("text_config"), dict):
+        levels["text_config"] = config["text_config"]
+    left = [f"{where} num_nextn_predict_layers = {level.get('num_nextn_predict_layers', 'unset')}"
+            for where, level in levels.items()
+            if level.get("num_nextn_predict_layers") != 0 or isinstance(level.get("num_nextn_predict_layers"), bool)]
+    if left:
+        return Check("mtp-strip", "fail", f"{'; '.join(left)}, not 0: MTP is not stripped (run `sparkstack strip`)")
+    try:
+        layers = num_hidden_layers(config).value
+        shards = sorted(f for f in state.files if f.endswith(".safetensors"))
+        for shard in shards:
+            keys = [t.name for t in read_header(snap / shard, shard).tensors if is_mtp_key(t.name, layers)]
+            if keys:
+                return Check("mtp-strip", "fail", f"{shard} still holds {len(keys)} MTP tensor(s), e.g. {keys[0]} "
+                                                  "(the loader reads every shard file; run `sparkstack strip` without --index-only)")
+    except SparkstackError as exc:
+        return Check("mtp-strip", "fail", str(exc))
+    return Check("mtp-strip", "pass", f"num_nextn_predict_layers = 0, no MTP tensor in {len(shards)} shard(s)")
 
 
 def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds) -> list[Check]:
