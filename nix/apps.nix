@@ -1,7 +1,7 @@
 # One app per CLI command that exists today, each a thin wrapper over the CLI. `launch` and `ship` pass
 # the image this flake built (its store path) as --image, so `nix run .#launch -- 0` runs exactly it and
 # `nix run .#ship` sends exactly it; a dry run builds it too, because the tag comes from its config digest.
-# Every command has its app; soak and top get theirs when they land.
+# Every top-level command has exactly one app (checks/nix/test_flake_e2e.py keeps it so).
 { pkgs, sparkstack, image }:
 let
   app = name: args: {
