@@ -21,7 +21,7 @@ BLOCK = ["--concurrency", "1", "--rounds", "1", "--category", "code"]
 @pytest.mark.parametrize("fields,args,says", [
     ({"malformed": True}, [], "a stream event is not a chat chunk"),
     ({"fail_every": 1}, [], "HTTP 500: stand-in failure, as asked"),
-    ({"hang": True}, ["--timeout", "1"], "no data for 1 s"),
+    ({"hang": True}, ["--timeout", "1"], "no answer in 1 s"),
 ])
 def test_a_failing_server_is_one_line(run_cli, fields, args, says):
     with serving(**fields) as engine:

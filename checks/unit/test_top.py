@@ -176,7 +176,9 @@ def test_the_live_screen_in_a_terminal(tmp_path):
             wait_for("top to quit", lambda: tm("display", "-p", "-t", "top", "#{pane_dead}").stdout.strip() == "1")
             # exit status, or the signal when the process died of one (a loaded machine can deliver Ctrl-C
             # while Python is still starting a read: the default SIGINT death is also a quiet quit)
-            status = tm("display", "-p", "-t", "top", "#{pane_dead_status}#{?pane_dead_signal,sig#{pane_dead_signal},}").stdout.strip()
+            status = wait_for("top's exit status", lambda: tm(
+                "display", "-p", "-t", "top", "#{pane_dead_status}#{?pane_dead_signal,sig#{pane_dead_signal},}"
+            ).stdout.strip() or None)
             after = tm("capture-pane", "-p", "-t", "top").stdout
         finally:
             stop.set()

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from ..errors import SparkstackError, UsageError
 from . import metrics, sse
@@ -46,7 +47,10 @@ class EndpointError(SparkstackError):
 
 def base_url(url: str) -> str:
     """http(s)://host[:port][/prefix] without a trailing / or /v1; anything else is a usage error."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        raise UsageError(f"not a URL: {printable(url)!r} ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"not an http(s) URL: {url!r} (e.g. http://127.0.0.1:8000)")
     try:
@@ -77,8 +81,9 @@ class StreamResult:
     @property
     def output_tokens(self) -> int:
         """The server's count when it sent usage; otherwise one per text-carrying chunk (a lower bound)."""
-        if self.usage and isinstance(self.usage.get("completion_tokens"), int):
-            return self.usage["completion_tokens"]
+        n = self.usage.get("completion_tokens") if self.usage else None
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            return n
         return len(self.token_times_s)
 
     @property
@@ -134,7 +139,10 @@ class _Accumulator:
                     self.reasoning_field = self.reasoning_field or name
                     carried = True
             for call in delta.get("tool_calls") or []:
-                slot = self.tools.setdefault(int(call.get("index", 0)), {"id": None, "name": "", "arguments": ""})
+                index = call.get("index", 0)
+                if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 64:
+                    raise ValueError(f"tool call index {index!r}")
+                slot = self.tools.setdefault(index, {"id": None, "name": "", "arguments": ""})
                 fn = call.get("function") or {}
                 slot["id"] = call.get("id") or slot["id"]
                 slot["name"] += fn.get("name") or ""
@@ -163,11 +171,13 @@ class Endpoint:
 
     def _get(self, path: str, timeout: float | None = None) -> requests.Response:
         try:
-            return self.session.get(self.url + path, timeout=timeout or self.timeout)
+            resp = self.session.get(self.url + path, timeout=timeout or self.timeout, allow_redirects=False)
         except requests.Timeout:
             raise EndpointError("timeout", f"{self.url}{path}: no answer in {timeout or self.timeout:g} s") from None
         except requests.RequestException as exc:
             raise EndpointError("connect", f"{self.url}{path}: cannot connect ({type(exc).__name__})") from None
+        _refuse_redirect(resp, path)
+        return resp
 
     def health(self, timeout: float = 5.0) -> tuple[bool, str]:
         """(healthy, detail). A refused connection is not healthy, not an error."""
@@ -210,28 +220,43 @@ class Endpoint:
         """One non-streamed chat completion: the whole answer document."""
         try:
             resp = self.session.post(self.url + "/v1/chat/completions", json=dict(body, stream=False),
-                                     timeout=self.timeout)
+                                     timeout=self.timeout, allow_redirects=False)
         except requests.Timeout:
             raise EndpointError("timeout", f"chat: no answer in {self.timeout:g} s") from None
         except requests.RequestException as exc:
             raise EndpointError("connect", f"chat: cannot connect to {self.url} ({type(exc).__name__})") from None
+        _refuse_redirect(resp, "/v1/chat/completions")
         return self._json(resp, "/v1/chat/completions")
 
-    def stream_chat(self, body: dict) -> StreamResult:
-        """One streamed chat completion, timed chunk by chunk."""
+    def stream_chat(self, body: dict, deadline: float | None = None) -> StreamResult:
+        """One streamed chat completion, timed chunk by chunk. It fails (one EndpointError) when no event comes for
+        `timeout` seconds (keep-alive comments do not count), and at `deadline` (time.monotonic()) when given."""
         t0 = time.monotonic()
         acc = _Accumulator()
         first_chunk = first_token = None
         token_times: list[float] = []
         chunks = 0
+        clock = _StreamClock(self.timeout, deadline)
         try:
-            with self.session.post(self.url + "/v1/chat/completions", json=dict(body, stream=True), stream=True,
-                                   timeout=self.timeout) as resp:
-                if resp.status_code != 200:
-                    raise EndpointError(f"http_{resp.status_code}",
-                                        f"chat: HTTP {resp.status_code}: {_error_message(resp)}")
-                done = False
-                for data in sse.events(_arrivals(resp)):
+            resp = self.session.post(self.url + "/v1/chat/completions", json=dict(body, stream=True), stream=True,
+                                     timeout=clock.read_timeout(), allow_redirects=False,
+                                     headers={"Accept": "text/event-stream", "Accept-Encoding": "identity"})
+        except requests.Timeout:
+            raise EndpointError("timeout", f"chat: no answer in {clock.read_timeout():.0f} s") from None
+        except requests.RequestException as exc:
+            raise EndpointError("connect", f"chat: cannot connect to {self.url} ({type(exc).__name__})") from None
+        with resp:
+            _refuse_redirect(resp, "/v1/chat/completions")
+            if resp.status_code != 200:
+                raise EndpointError(f"http_{resp.status_code}", f"chat: HTTP {resp.status_code}: {_error_message(resp)}")
+            ctype = resp.headers.get("Content-Type", "")
+            if not ctype.startswith("text/event-stream"):
+                raise EndpointError("malformed", f"chat: asked for a stream, got HTTP 200 with Content-Type "
+                                                 f"{printable(ctype) or 'none'!r}, not text/event-stream")
+            done = False
+            try:
+                for data in sse.events(clock.watch(_arrivals(resp))):
+                    clock.saw_event()
                     now = time.monotonic() - t0
                     if data == sse.DONE:
                         done = True
@@ -241,24 +266,70 @@ class Endpoint:
                         if not isinstance(chunk, dict):
                             raise TypeError("not an object")
                         if "error" in chunk:
-                            raise EndpointError("stream_error", f"chat: the stream sent an error: {_short(data)}")
+                            raise EndpointError("stream_error", f"chat: the stream sent an error: {printable(_short(data))}")
                         carried = acc.add(chunk)
-                    except (ValueError, TypeError, AttributeError, RecursionError):
-                        raise EndpointError("malformed", f"chat: a stream event is not a chat chunk: {_short(data)}") from None
+                    except (ValueError, TypeError, AttributeError, RecursionError, OverflowError):
+                        raise EndpointError("malformed", "chat: a stream event is not a chat chunk: "
+                                                         f"{printable(_short(data))}") from None
                     chunks += 1
                     first_chunk = now if first_chunk is None else first_chunk
                     if carried:
                         first_token = now if first_token is None else first_token
                         token_times.append(now)
-                if not done:
-                    raise EndpointError("stream_cut", "chat: the stream ended without [DONE]")
-        except requests.Timeout:
-            raise EndpointError("timeout", f"chat: no data for {self.timeout:g} s") from None
-        except requests.RequestException as exc:
-            raise EndpointError("connect", f"chat: connection to {self.url} failed ({type(exc).__name__})") from None
+            except sse.LineTooLong as exc:
+                raise EndpointError("malformed", f"chat: {exc}") from None
+            except (requests.Timeout, ReadTimeoutError, TimeoutError):
+                raise EndpointError("timeout", f"chat: no data for {clock.read_timeout():.0f} s") from None
+            except requests.ConnectionError as exc:
+                if _is_read_timeout(exc):
+                    raise EndpointError("timeout", f"chat: no data for {clock.read_timeout():.0f} s") from None
+                raise EndpointError("stream_cut", "chat: the connection broke mid-stream") from None
+            except (requests.RequestException, HTTPError, OSError):
+                raise EndpointError("stream_cut", "chat: the connection broke mid-stream") from None
+            if not done:
+                raise EndpointError("stream_cut", "chat: the stream ended without [DONE]")
         tools = tuple(acc.tools[i] for i in sorted(acc.tools))
         return StreamResult(first_chunk, first_token, time.monotonic() - t0, tuple(token_times), "".join(acc.content),
                             "".join(acc.reasoning), acc.reasoning_field, tools, acc.finish_reason, acc.usage, chunks)
+
+
+class _StreamClock:
+    """How long a stream may stay silent: `timeout` between events (comments are not events), and an overall
+    deadline. Checked on every arrival of bytes, so a drip of keep-alive comments cannot hold a stream open."""
+
+    def __init__(self, timeout: float, deadline: float | None) -> None:
+        self.timeout = timeout
+        self.deadline = deadline
+        self.last_event = time.monotonic()
+
+    def read_timeout(self) -> float:
+        left = self.deadline - time.monotonic() if self.deadline is not None else self.timeout
+        return max(0.1, min(self.timeout, left))
+
+    def saw_event(self) -> None:
+        self.last_event = time.monotonic()
+
+    def watch(self, chunks):
+        for chunk in chunks:
+            now = time.monotonic()
+            if now - self.last_event > self.timeout:
+                raise EndpointError("timeout", f"chat: no event for {self.timeout:.0f} s (only keep-alive comments)")
+            if self.deadline is not None and now > self.deadline:
+                raise EndpointError("timeout", "chat: the stream ran past the deadline")
+            yield chunk
+
+
+def _is_read_timeout(exc: BaseException) -> bool:
+    """requests wraps urllib3's ReadTimeoutError in a ConnectionError while a streamed body is read."""
+    return any(isinstance(a, (ReadTimeoutError, TimeoutError)) for a in exc.args)
+
+
+def _refuse_redirect(resp: requests.Response, path: str) -> None:
+    """A redirect is not followed: the key must not travel, and a check must not pass against another server."""
+    if resp.is_redirect or 300 <= resp.status_code < 400:
+        where = printable(resp.headers.get("Location", "nowhere"))
+        raise EndpointError(f"http_{resp.status_code}", f"{path}: HTTP {resp.status_code} redirect to {where!r} "
+                                                        "(not followed: give that URL instead)")
 
 
 def _arrivals(resp: requests.Response):
@@ -267,6 +338,11 @@ def _arrivals(resp: requests.Response):
     if resp.raw.chunked:
         return resp.iter_content(chunk_size=None)
     return iter(lambda: resp.raw.read1(65536), b"")
+
+
+def printable(text: str) -> str:
+    """Server-provided text made safe for a terminal: control characters (escape sequences too) shown escaped."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text))
 
 
 def _short(text: str, limit: int = 100) -> str:
@@ -280,7 +356,7 @@ def _error_message(resp: requests.Response) -> str:
         err = doc.get("error", doc.get("detail"))
         msg = err.get("message") if isinstance(err, dict) else err
         if isinstance(msg, str) and msg:
-            return _short(msg, 160)[1:-1]
-    except (ValueError, AttributeError):
+            return printable(_short(msg, 160)[1:-1])
+    except (ValueError, AttributeError, RecursionError):
         pass
-    return resp.reason or "no message"
+    return printable(resp.reason or "no message")

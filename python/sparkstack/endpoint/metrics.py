@@ -6,6 +6,7 @@ under several label sets (engines, models) are summed, except spec decode's `pos
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,9 +23,9 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # newer name first
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+MAX_POSITIONS = 64  # num_speculative_tokens is a handful; a label beyond this is hostile, not a draft position
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,17 @@ def parse(text: str, at: float) -> Scrape:
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
+                if not math.isfinite(s.value):
+                    continue  # NaN or Inf is no reading: the figure shows as missing, never as a result
                 if "position" in s.labels:
-                    try:
-                        i = int(s.labels["position"])
-                    except ValueError:
-                        continue
+                    raw = s.labels["position"]
+                    if not (raw.isascii() and raw.isdigit() and int(raw) < MAX_POSITIONS):
+                        raise SparkstackError(f"/metrics: {s.name} has position label {raw[:20]!r}, "
+                                              f"not 0..{MAX_POSITIONS - 1}")
                     slot = positions.setdefault(s.name, {})
-                    slot[i] = slot.get(i, 0.0) + s.value
+                    slot[int(raw)] = slot.get(int(raw), 0.0) + s.value
+                elif s.name.endswith("_perc"):  # a fraction per engine: the fullest engine, not the sum
+                    values[s.name] = max(values.get(s.name, 0.0), s.value)
                 else:
                     values[s.name] = values.get(s.name, 0.0) + s.value
     except (ValueError, TypeError, IndexError, KeyError) as exc:
