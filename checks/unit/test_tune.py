@@ -154,20 +154,41 @@ def test_the_by_hand_line_for_the_file_writes_what_tune_writes(world):
     assert "rank 0 (local): up to date" in tune(world, "0").stdout  # and tune takes that file as its own
 
 
-def test_a_file_tune_did_not_write_is_left_alone(world):
-    (world["root"] / TUNE_FILE).write_text("vm.swappiness = 10\n")
+@pytest.mark.parametrize("text", ["vm.swappiness = 10\n",
+                                  # our header, with the user's own line: not a file tune wrote
+                                  None])
+def test_a_file_tune_did_not_write_is_left_alone_and_the_rest_is_done(world, text):
+    ours = world["root"] / TUNE_FILE
+    if text is None:
+        assert tune(world, "0").returncode == 0
+        text = ours.read_text().replace("vm.swappiness = 0", "kernel.foo = 1")  # header kept, swappiness dropped
+    ours.write_text(text)
+    forget(world)
     proc = tune(world)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
-    assert "sparkstack did not write it" in proc.stderr and TUNE_FILE in proc.stderr
-    assert (world["root"] / TUNE_FILE).read_text() == "vm.swappiness = 10\n"
-    assert acts(world) == []  # refused before acting on any rank
+    assert "is not what sparkstack tune writes" in proc.stderr and TUNE_FILE in proc.stderr
+    assert ours.read_text() == text
+    for ran in (head_calls(world), worker_calls(world)):  # the other steps still done, on every rank
+        assert ["sysctl", "-w", "vm.swappiness=0"] in ran
 
 
-def test_a_later_setting_that_would_win_is_named(world):
-    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness=60\n")  # procps reads it after sysctl.d
-    proc = tune(world)
-    assert proc.returncode == 1 and "etc/sysctl.conf sets vm.swappiness = 60" in proc.stderr
-    assert acts(world) == []
+def test_ubuntus_sysctl_conf_setting_60_is_named_and_the_live_value_still_set(world):
+    """Ubuntu links /etc/sysctl.d/99-sysctl.conf -> ../sysctl.conf; procps reads sysctl.conf after every file."""
+    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness=60\n")
+    (world["root"] / "etc/sysctl.d/99-sysctl.conf").symlink_to("../sysctl.conf")
+    proc = tune(world, "0")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert f"{world['root'] / 'etc/sysctl.conf'} sets vm.swappiness = 60" in proc.stderr
+    assert ["sysctl", "-w", "vm.swappiness=0"] in head_calls(world)
+    assert not (world["root"] / TUNE_FILE).exists()
+
+
+def test_the_file_that_wins_is_blamed_not_an_earlier_foreign_one(world):
+    (world["root"] / TUNE_FILE).write_text("vm.swappiness = 0\n")  # foreign, but overridden by a later file
+    (world["root"] / "etc/sysctl.d/zzz-later.conf").write_text("vm.swappiness = 60\n")
+    proc = tune(world, "0")
+    assert proc.returncode == 1 and "zzz-later.conf sets vm.swappiness = 60" in proc.stderr
+    assert "zz-sparkstack-tune.conf" not in proc.stderr
 
 
 def test_persisted_value_follows_systemd_precedence(world):
@@ -209,3 +230,22 @@ def test_page_cache_is_dropped_only_when_there_is_some(world, cached_kib, drops)
     (world["root"] / "proc/meminfo").write_text(hostfix.meminfo(Buffers=0, Cached=cached_kib, Shmem=0))
     assert tune(world, "0").returncode == 0
     assert (["sysctl", "-w", "vm.drop_caches=3"] in head_calls(world)) == drops
+
+
+def test_a_dir_that_is_not_a_host_root_acts_on_nothing(world):
+    """A mistyped --host-root: swappiness and the boot id cannot be read there, so every rank stops in one line."""
+    typo = world["tmp"] / "typo"
+    typo.mkdir()
+    proc = tune(world, root=typo)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"cannot read {typo / 'proc/sys/vm/swappiness'}" in proc.stderr and "rank 1" in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert acts(world) == [] and list(typo.iterdir()) == []  # no sysctl, no nvidia-smi -lgc, no file
+    assert "unreadable" not in proc.stdout + proc.stderr
+
+
+def test_an_unreadable_boot_id_stops_that_rank_only(world):
+    (world["root"] / "proc/sys/kernel/random/boot_id").unlink()
+    proc = tune(world, "0")
+    assert proc.returncode == 1 and "cannot read" in proc.stderr and "boot_id" in proc.stderr
+    assert acts(world) == [] and not (world["root"] / "run/sparkstack/clock-cap").exists()

@@ -683,9 +683,11 @@ def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
                 click.echo(line)
         return
     say = functools.partial(click.echo, err=as_json)
-    done = apply_tune(plan, runners, say)
-    if as_json:
-        _print_json({**plan.to_json(), "done": done})
+    done, problems = apply_tune(plan, runners, say)
+    if as_json:  # also on failure: the steps that were done are part of the answer
+        _print_json({**plan.to_json(), "done": done, "problems": problems})
+    if problems:
+        _fail("; ".join(problems))
 
 
 def _tune_lines(plan) -> list[str]:

@@ -108,17 +108,15 @@ def _swappiness_persisted(facts: HostFacts, problems: list[str]) -> Step | None:
     if persisted is not None and persisted.value == "0":
         return None
     ours = facts.path(hostfacts.SYSCTL_FILE)
-    if facts.our_file is not None and not facts.our_file.startswith(WRITTEN_BY):
-        problems.append(f"{ours} exists and sparkstack did not write it; left as it is: set vm.swappiness = 0 "
-                        "there yourself, or move it away")
-        return None
     # What is read after our file wins over it: /etc/sysctl.conf (procps reads it last), or a name sorting later.
-    last_name, conf = os.path.basename(ours), facts.path(hostfacts.SYSCTL_CONF)
-    later = [s for s in facts.swappiness_settings
-             if s.value != "0" and (s.file == conf or os.path.basename(s.file) > last_name)]
-    if later:
-        problems.append(f"{later[-1].file} sets vm.swappiness = {later[-1].value} and is read after {ours}: "
-                        "set 0 there yourself")
+    if persisted is not None and (persisted.file == facts.path(hostfacts.SYSCTL_CONF)
+                                  or os.path.basename(persisted.file) > os.path.basename(ours)):
+        problems.append(f"swappiness-persisted skipped: {persisted.file} sets vm.swappiness = {persisted.value} and "
+                        f"is read last at boot: set 0 there yourself")
+        return None
+    if facts.our_file is not None and facts.our_file != SWAPPINESS_FILE_TEXT:  # a file tune wrote holds exactly that
+        problems.append(f"swappiness-persisted skipped: {ours} exists and is not what sparkstack tune writes; left as "
+                        "it is: set vm.swappiness = 0 there yourself, or move it away")
         return None
     now = "not set at boot" if persisted is None else f"{persisted.value} (from {persisted.file})"
     commands, by_hand = write_file(ours, SWAPPINESS_FILE_TEXT)
@@ -141,10 +139,8 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
         now = (f"graphics clock {max(over)} MHz, above the cap" if over else
                "persistence mode off: a cap may not have held" if off else
                f"{stamped}, set this boot" if stamped else "no cap set by sparkstack tune since boot")
-        if facts.boot_id is None:
-            notes.append(f"cannot read the boot id under {facts.root}: the clock cap cannot be recorded")
         cap = ("nvidia-smi", "-lgc", clock_cap)
-        text = hostfacts.stamp_text(clock_cap, facts.boot_id or "unknown")
+        text = hostfacts.stamp_text(clock_cap, facts.boot_id)
         stamp, _ = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
         steps.append(Step("clock-cap", now, clock_cap, (Command(cap), *stamp), _sudo(cap)))
     return steps
@@ -152,9 +148,16 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
 
 def plan_rank(rank: int, host: str, facts: HostFacts, sudo: bool, clock_cap: str) -> RankTune:
     """What differs on one rank, from its facts alone."""
+    # Every host has both: without them the root is not a host's (a mistyped --host-root), and nothing is done there.
+    unread = [rel for rel, value in ((hostfacts.SWAPPINESS, facts.swappiness), (hostfacts.BOOT_ID, facts.boot_id))
+              if value is None]
+    if unread:
+        return RankTune(rank, host, facts.where, sudo, facts, (), (), (
+            f"cannot read {' or '.join(facts.path(rel) for rel in unread)}: is {facts.root} the host's root "
+            "(--host-root)? nothing done on this rank",))
     steps, notes, problems = [], [], []
     if facts.swappiness != "0":
-        steps.append(_step("swappiness", facts.swappiness or "unreadable", "0", ("sysctl", "-w", "vm.swappiness=0")))
+        steps.append(_step("swappiness", facts.swappiness, "0", ("sysctl", "-w", "vm.swappiness=0")))
     persisted = _swappiness_persisted(facts, problems)
     if persisted:
         steps.append(persisted)
