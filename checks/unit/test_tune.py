@@ -224,6 +224,19 @@ def test_missing_nvidia_smi_is_reported_not_crashed_on(world):
     assert [c for c in worker_calls(world) if c[0] == "nvidia-smi" and not is_read(c)] == []
 
 
+def test_a_rank_whose_gpus_were_left_alone_is_never_up_to_date(world):
+    """Without nvidia-smi, persistence mode and the clock cap were never set: said when acting, not just in a dry run."""
+    root = hostfix.write_host(world["tmp"] / "tuned", tuned=True)
+    proc = tune(world, root=root, env={"STANDIN_REMOTE_GPU": "absent"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "rank 0 (local): up to date",
+        "rank 1 (user@worker-node): note: nvidia-smi is not installed on user@worker-node: persistence mode and the "
+        "clock cap are left alone"]
+    doc = json.loads(tune(world, "--json", root=root, env={"STANDIN_REMOTE_GPU": "absent"}).stdout)
+    assert [r["up_to_date"] for r in doc["ranks"]] == [True, False] and not doc["up_to_date"]
+
+
 @pytest.mark.parametrize("cached_kib,drops", [(3 * 2**20, True), (2**20, False)])
 def test_page_cache_is_dropped_only_when_there_is_some(world, cached_kib, drops):
     """Droppable = Buffers + Cached - Shmem; tune drops at 2 GiB or more."""

@@ -54,12 +54,12 @@ class RankTune:
     sudo: bool  # not root there: every command goes through `sudo -n`
     facts: HostFacts
     steps: tuple[Step, ...]
-    notes: tuple[str, ...]  # what was left alone, and why
-    problems: tuple[str, ...]  # what tune will not do for you: apply refuses while any is left
+    notes: tuple[str, ...]  # what was left alone, and why: the rank is not up to date while any is left
+    problems: tuple[str, ...]  # what tune will not do for you: apply skips those steps and fails at the end
 
     @property
     def up_to_date(self) -> bool:
-        return not self.steps and not self.problems
+        return not self.steps and not self.problems and not self.notes
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "host": self.host, "where": self.where, "sudo": self.sudo,
@@ -152,9 +152,9 @@ def plan_rank(rank: int, host: str, facts: HostFacts, sudo: bool, clock_cap: str
     unread = [rel for rel, value in ((hostfacts.SWAPPINESS, facts.swappiness), (hostfacts.BOOT_ID, facts.boot_id))
               if value is None]
     if unread:
-        return RankTune(rank, host, facts.where, sudo, facts, (), (), (
-            f"cannot read {' or '.join(facts.path(rel) for rel in unread)}: is {facts.root} the host's root "
-            "(--host-root)? nothing done on this rank",))
+        problem = (f"cannot read {' or '.join(facts.path(rel) for rel in unread)}: is {facts.root} the host's root "
+                   "(--host-root)? nothing done on this rank")
+        return RankTune(rank, host, facts.where, sudo, facts, (), (), (problem,))
     steps, notes, problems = [], [], []
     if facts.swappiness != "0":
         steps.append(_step("swappiness", facts.swappiness, "0", ("sysctl", "-w", "vm.swappiness=0")))
