@@ -46,5 +46,5 @@ def test_tune_writes_the_workers_file_over_ssh_then_has_nothing_left_but_the_gpu
     proc = tune(lab, recipe, root)
     # Nothing left to do, but not "up to date": the lab has no nvidia-smi, so the GPUs were never set.
     assert proc.returncode == 0 and proc.stdout.splitlines() == [
-        "rank 1 (worker): note: nvidia-smi is not installed on worker: persistence mode and the clock cap are "
-        "left alone"], proc.stdout + proc.stderr
+        ("rank 1 (worker): note: nvidia-smi is not installed on worker: persistence mode and the clock cap are "
+         "left alone")], proc.stdout + proc.stderr

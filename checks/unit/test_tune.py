@@ -123,16 +123,17 @@ def test_not_root_uses_sudo_n_root_does_not(world):
     assert ["sudo", "-n", "sysctl", "-w", "vm.swappiness=0"] in remote
 
 
+@pytest.mark.parametrize("how,said", [("refuse", "a password is required"), ("deny", "Sorry, user bob is not allowed")])
 @pytest.mark.parametrize("rank,env,where", [
-    ("0", {"STANDIN_UID": "1000", "STANDIN_SUDO": "refuse"}, "here"),
-    ("1", {"STANDIN_REMOTE_UID": "1000", "STANDIN_REMOTE_SUDO": "refuse"}, "on user@worker-node"),
+    ("0", {"STANDIN_UID": "1000", "STANDIN_SUDO": "{how}"}, "here"),
+    ("1", {"STANDIN_REMOTE_UID": "1000", "STANDIN_REMOTE_SUDO": "{how}"}, "on user@worker-node"),
 ])
-def test_a_refused_sudo_is_one_line_naming_the_command(world, rank, env, where):
-    proc = tune(world, rank, env=env)
+def test_a_refused_sudo_is_one_line_naming_the_command(world, rank, env, where, how, said):
+    proc = tune(world, rank, env={k: v.format(how=how) for k, v in env.items()})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"sparkstack: error: rank {rank} ")
-    assert "a password is required" in proc.stderr
+    assert said in proc.stderr and "sudo -n refused swappiness" in proc.stderr
     assert proc.stderr.rstrip().endswith(f"run it {where} yourself: sudo sysctl -w vm.swappiness=0")
     ran = head_calls(world) + worker_calls(world)
     assert [c for c in ran if c[0] == "sysctl"] == []  # nothing ran past the refusing sudo
@@ -231,8 +232,8 @@ def test_a_rank_whose_gpus_were_left_alone_is_never_up_to_date(world):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "rank 0 (local): up to date",
-        "rank 1 (user@worker-node): note: nvidia-smi is not installed on user@worker-node: persistence mode and the "
-        "clock cap are left alone"]
+        ("rank 1 (user@worker-node): note: nvidia-smi is not installed on user@worker-node: persistence mode and the "
+         "clock cap are left alone")]
     doc = json.loads(tune(world, "--json", root=root, env={"STANDIN_REMOTE_GPU": "absent"}).stdout)
     assert [r["up_to_date"] for r in doc["ranks"]] == [True, False] and not doc["up_to_date"]
 

@@ -157,9 +157,11 @@ class Runner:
 
 
 def sudo_refused(proc: subprocess.CompletedProcess) -> bool:
-    """`sudo -n` said no: a password would be needed, no sudoers rule, or no sudo at all."""
+    """`sudo -n` said no: a password would be needed, no sudoers rule for the command ("Sorry, user U is not
+    allowed to execute ..."), or no sudo at all."""
     line = failure_line(proc)
-    return proc.returncode != 0 and (line.startswith("sudo:") or proc.returncode == 127 and "sudo" in line)
+    return proc.returncode != 0 and (line.startswith("sudo:") or proc.returncode == 127 and "sudo" in line
+                                     or line.startswith("Sorry, user ") and " is not allowed to execute " in line)
 
 
 def failure_line(proc: subprocess.CompletedProcess) -> str:
