@@ -155,6 +155,21 @@ def test_the_by_hand_line_for_the_file_writes_what_tune_writes(world):
     assert "rank 0 (local): up to date" in tune(world, "0").stdout  # and tune takes that file as its own
 
 
+def test_the_by_hand_line_for_the_clock_cap_records_it_so_tune_converges(world):
+    """The clock cap by hand (sudo refused) must also leave the stamp, or tune and preflight never see it set."""
+    root = hostfix.write_host(world["tmp"] / "tuned", tuned=True)
+    (root / "run/sparkstack/clock-cap").unlink()
+    proc = tune(world, "0", root=root, env={"STANDIN_UID": "1000", "STANDIN_SUDO": "refuse"})
+    assert proc.returncode == 1 and "sudo -n refused clock-cap" in proc.stderr
+    line = proc.stderr.rstrip().split("yourself: ", 1)[1]
+    subprocess.run(["bash", "-c", line], check=True, env={**os.environ, **world["env"]})  # as root, through sudo
+    assert ["nvidia-smi", "-lgc", "0,2000"] in head_calls(world)
+    forget(world)
+    proc = tune(world, "0", root=root)
+    assert proc.returncode == 0 and proc.stdout == "rank 0 (local): up to date\n", proc.stdout + proc.stderr
+    assert acts(world) == []
+
+
 @pytest.mark.parametrize("text", ["vm.swappiness = 10\n",
                                   # our header, with the user's own line: not a file tune wrote
                                   None])

@@ -95,7 +95,8 @@ def write_file(path: str, text: str) -> tuple[tuple[Command, ...], str]:
                 Command(("dd", f"of={tmp}", "conv=fsync", "status=none"), text),
                 Command(("mv", "-f", "--", tmp, path)),
                 Command(("sync", "--", folder)))
-    by_hand = f"{shlex.join(('printf', '%s' + chr(92) + 'n', *text.splitlines()))} | {_sudo(('tee', path))} >/dev/null"
+    by_hand = (f"{_sudo(('mkdir', '-p', '--', folder))} && "
+               f"{shlex.join(('printf', '%s' + chr(92) + 'n', *text.splitlines()))} | {_sudo(('tee', path))} >/dev/null")
     return commands, by_hand
 
 
@@ -141,8 +142,9 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
                f"{stamped}, set this boot" if stamped else "no cap set by sparkstack tune since boot")
         cap = ("nvidia-smi", "-lgc", clock_cap)
         text = hostfacts.stamp_text(clock_cap, facts.boot_id)
-        stamp, _ = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
-        steps.append(Step("clock-cap", now, clock_cap, (Command(cap), *stamp), _sudo(cap)))
+        stamp, stamp_by_hand = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
+        # By hand too the cap is recorded: without the stamp neither tune nor preflight can tell it was set.
+        steps.append(Step("clock-cap", now, clock_cap, (Command(cap), *stamp), f"{_sudo(cap)} && {stamp_by_hand}"))
     return steps
 
 
