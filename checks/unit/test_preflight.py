@@ -145,6 +145,8 @@ BROKEN = {
     "no nvidia-smi": (lambda r, h: {"STANDIN_GPU": "absent"}, "gpu", "warn", "nvidia-smi is not installed on local"),
     "clock cap of an earlier boot": (lambda r, h: (r / "proc/sys/kernel/random/boot_id").write_text("another-boot\n"),
                                      "clock-cap", "warn", "no cap set by sparkstack tune since boot"),
+    "clock above the cap": (lambda r, h: {"STANDIN_GPU_CLOCKS_CURRENT_GRAPHICS": "2500"},  # tune's rule too
+                            "clock-cap", "warn", "graphics clock 2500 MHz, above the cap"),
     "another clock cap": (lambda r, h: (r / "run/sparkstack/clock-cap").write_text(
         (r / "run/sparkstack/clock-cap").read_text().replace("0,2000", "300,2200")), "clock-cap", "warn", "300,2200"),
 }

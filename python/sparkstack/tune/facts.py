@@ -81,6 +81,20 @@ class HostFacts:
             return fields.get("clock_cap")
         return None
 
+    def clock_cap_unmet(self, clock_cap: str) -> str | None:
+        """Why `clock_cap` is not known to hold on every GPU (None when it is): tune's rule and preflight's.
+        Only called with `gpus` read."""
+        over = [c for c in self.gpus.clocks_mhz if c is not None and c > int(clock_cap.split(",")[1])]
+        stamped = self.stamped_cap()
+        if over:
+            return f"graphics clock {max(over)} MHz, above the cap"
+        # A lock set while persistence mode was off may be gone with the driver's last client.
+        if any(m != "Enabled" for m in self.gpus.persistence):
+            return "persistence mode off: a cap may not have held"
+        if stamped != clock_cap:
+            return f"{stamped} MHz set this boot" if stamped else "no cap set by sparkstack tune since boot"
+        return None
+
     def path(self, rel: str) -> str:
         return host_path(self.root, rel)
 

@@ -129,17 +129,11 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
         notes.append(f"{facts.gpu_problem}: persistence mode and the clock cap are left alone")
         return []
     steps = []
-    off = [m for m in facts.gpus.persistence if m != "Enabled"]
-    if off:
+    if any(m != "Enabled" for m in facts.gpus.persistence):
         steps.append(_step("persistence-mode", ", ".join(facts.gpus.persistence), "Enabled", ("nvidia-smi", "-pm", "1")))
-    cap_max = int(clock_cap.split(",")[1])
-    over = [c for c in facts.gpus.clocks_mhz if c is not None and c > cap_max]
-    stamped = facts.stamped_cap()
-    # A lock set while persistence mode was off may be gone with the driver's last client: set it again.
-    if stamped != clock_cap or off or over:
-        now = (f"graphics clock {max(over)} MHz, above the cap" if over else
-               "persistence mode off: a cap may not have held" if off else
-               f"{stamped}, set this boot" if stamped else "no cap set by sparkstack tune since boot")
+    # The one rule preflight checks too; the cap comes after persistence mode, which keeps it held.
+    now = facts.clock_cap_unmet(clock_cap)
+    if now:
         cap = ("nvidia-smi", "-lgc", clock_cap)
         text = hostfacts.stamp_text(clock_cap, facts.boot_id)
         stamp, stamp_by_hand = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
