@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.apply import drop_page_cache
@@ -79,7 +79,7 @@ def memory_guard(runners: dict[int, Runner], ranks: list[int], host_root: str, t
     guard = MemoryGuard(guarded, host_root, int(threshold_gib * GIB), time.monotonic() + deadline_s, on_event)
     for rank in ranks:
         try:
-            guarded[rank] = replace(runners[rank], sudo=not runners[rank].is_root())
+            guarded[rank] = runners[rank].for_root()
         except SparkstackError as exc:
             guard._give_up(rank, str(exc))
     return guard

@@ -114,6 +114,10 @@ class Runner:
             raise SparkstackError(f"{self.label}: cannot tell which user runs there (`id -u`): {failure_line(proc)}")
         return proc.stdout.strip() == "0"
 
+    def for_root(self) -> Runner:
+        """This runner, its `run_as_root` through `sudo -n` where the user there is not root (asks `id -u`)."""
+        return replace(self, sudo=not self.is_root())
+
     def read_texts(self, paths: list[str]) -> dict[str, str | None]:
         """Small text files there, in one go; None for a file that is missing, unreadable or empty.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.launch.apply import DROP_CACHES
@@ -172,8 +172,7 @@ def plan_tune(plan: LaunchPlan, target: str, host_root: Path, ssh_config: Path |
     root = str(host_root.absolute())
     ranks, runners = [], {}
     for rank in select_ranks(plan, target, actions=("all",)):
-        runner = runner_for(rank, ssh_config)
-        sudo = not runner.is_root()
-        runners[rank.rank] = replace(runner, sudo=sudo)
-        ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), sudo, plan.recipe.clock_cap))
+        runner = runners[rank.rank] = runner_for(rank, ssh_config).for_root()
+        ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), runner.sudo,
+                               plan.recipe.clock_cap))
     return TunePlan(plan.recipe.name, plan.recipe.clock_cap, root, tuple(ranks)), runners
