@@ -153,8 +153,10 @@ def check_memory(facts: HostFacts, utilization: float, gpu_memory_gib: float, ra
     if avail is None:
         return Check("memory", "warn", f"cannot read MemAvailable on {facts.where}; vLLM needs {rule}", rank)
     if avail < need:
-        return Check("memory", "fail", f"MemAvailable {avail / GIB:.2f} GiB < {rule}: vLLM would refuse to start "
-                                       "(run `sparkstack tune` to drop the page cache, or stop other containers)", rank)
+        # MemAvailable already counts the page cache the kernel can reclaim: dropping it would not raise it.
+        return Check("memory", "fail", f"MemAvailable {avail / GIB:.2f} GiB < {rule}: vLLM would refuse to start; "
+                                       "stop other containers or processes using memory to free "
+                                       f"{(need - avail) / GIB:.2f} GiB more on {facts.where}", rank)
     return Check("memory", "pass", f"MemAvailable {avail / GIB:.2f} GiB >= {rule}", rank)
 
 
