@@ -58,8 +58,23 @@ class FiniteFloat(click.ParamType):
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number) or not self.low <= number <= self.high:
-            self.fail(f"{value!r} is not a finite number in [{self.low:g}, {self.high:g}]", param, ctx)
+            self.fail(f"{value!r} is not a finite number in [{self.low:.10g}, {self.high:.10g}]", param, ctx)
         return number
+
+
+class OptionalValueCommand(click.Command):
+    """click reads `--opt=-1`, for an option whose value may be left out (`flag_value`), as the bare option and then
+    an unknown option `-1`: such a value goes to the option's type first, so a bad one gets the type's own message."""
+
+    def parse_args(self, ctx, args):
+        ahead = args[:args.index("--")] if "--" in args else args
+        for param in self.params:
+            if isinstance(param, click.Option) and getattr(param, "_flag_needs_value", False):
+                for arg in ahead:
+                    name, eq, value = arg.partition("=")
+                    if eq and name in param.opts and value.startswith("-"):
+                        param.type.convert(value, param, ctx)
+        return super().parse_args(ctx, args)
 
 
 def _print_json(doc: object) -> None:
@@ -540,7 +555,7 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
 
 # ---------------------------------------------------------------- launch / plan kv
 
-@main.command()
+@main.command(cls=OptionalValueCommand)
 @click.argument("target")
 @click.option("--recipe", default=None, help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. Default: glm53-flash-dflash2-nvfp4.")
 @click.option("--image", "image", default=None,
