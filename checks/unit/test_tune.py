@@ -7,7 +7,9 @@ command here as a "remote" call (STANDIN_REMOTE_* settings answer for it). Nothi
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import hostfix
@@ -278,3 +280,25 @@ def test_an_unreadable_boot_id_stops_that_rank_only(world):
     proc = tune(world, "0")
     assert proc.returncode == 1 and "cannot read" in proc.stderr and "boot_id" in proc.stderr
     assert acts(world) == [] and not (world["root"] / "run/sparkstack/clock-cap").exists()
+
+
+def test_ctrl_c_says_what_is_true_of_tune(world):
+    """Interrupted inside a step (a `sync` that hangs): the steps said done stay done, a re-run does the rest."""
+    slow = world["tmp"] / "slow"
+    slow.mkdir()
+    started = world["tmp"] / "sync-started"
+    (slow / "sync").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    (slow / "sync").chmod(0o755)
+    env = {**os.environ, **world["env"], "PATH": f"{slow}:{world['env']['PATH']}"}
+    proc = subprocess.Popen(sparkstack_cmd() + ["tune", "0", "--host-root", str(world["root"])], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not started.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "nothing half-written" not in err and "run tune again" in err
+    assert out == "rank 0 (local): swappiness: 60 -> 0\n"  # the one step done before the interrupted one

@@ -698,7 +698,12 @@ def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
                 click.echo(line)
         return
     say = functools.partial(click.echo, err=as_json)
-    done, problems = apply_tune(plan, runners, say)
+    try:
+        done, problems = apply_tune(plan, runners, say)
+    except KeyboardInterrupt:  # tune's outputs are not all files: say what holds
+        click.echo("sparkstack: interrupted: the steps printed as done are done; the one under way may be half done "
+                   "(a file it writes is renamed into place only when whole); run tune again for the rest", err=True)
+        sys.exit(130)
     if as_json:  # also on failure: the steps that were done are part of the answer
         _print_json({**plan.to_json(), "done": done, "problems": problems})
     if problems:

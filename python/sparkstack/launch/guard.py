@@ -1,7 +1,7 @@
 """The optional boot memory guard (`launch all --memory-guard[=GIB]`).
 
 While the ranks boot, the launch process itself polls each rank's MemFree (the worker's over ssh, with a
-read-only `cat`), and where it is under the threshold drops the page cache (launch's drop-caches code) and
+read-only `grep` of /proc/meminfo), and where it is under the threshold drops the page cache (launch's drop-caches code) and
 compacts memory on that rank. It runs only from the boot watch's rounds, so it stops at readiness, at a
 failure or at its deadline, and nothing of it is ever left running on a worker.
 """

@@ -1,8 +1,8 @@
 """A rank's host facts that `tune` sets and preflight checks, read under a host-root prefix.
 
-Read-only: files through the rank's Runner (`cat` and `find` over ssh) and `nvidia-smi --query-gpu`. The
-prefix is the same path on every rank ("/" in production; a prepared tree in tests), so nothing here or
-in tune ever needs the real /proc/sys or /etc of a test machine.
+Read-only: files through the rank's Runner (over ssh, one `grep` of the files and one `find` of the sysctl
+directories) and `nvidia-smi --query-gpu`. The prefix is the same path on every rank ("/" in production; a
+prepared tree in tests), so nothing here or in tune ever needs the real /proc/sys or /etc of a test machine.
 """
 
 from __future__ import annotations
