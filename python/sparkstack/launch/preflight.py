@@ -24,9 +24,8 @@ from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.mtp import is_mtp_key, num_hidden_layers
-from sparkstack.tune.facts import HostFacts, read_facts
+from sparkstack.tune.facts import GIB, HostFacts, read_facts
 
-GIB = 1 << 30
 CHAT_TEMPLATE = "chat_template_mm.jinja"
 # Runtime gates when the image carries none in its labels (FACTS.md §2).
 DEFAULT_GATES = (
