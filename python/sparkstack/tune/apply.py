@@ -42,8 +42,6 @@ def apply_tune(plan: TunePlan, runners: dict[int, Runner],
         problems += [f"{where}: {p}" for p in rank.problems]
         if rank.up_to_date:
             on_event(f"{where}: up to date")
-        for note in rank.notes:
-            on_event(f"{where}: note: {note}")
         runner = runners[rank.rank]
         for step in rank.steps:
             failed = _run_step(step, runner)
@@ -52,4 +50,6 @@ def apply_tune(plan: TunePlan, runners: dict[int, Runner],
                 break
             done.append({"rank": rank.rank, "step": step.name, "was": step.now, "now": step.want})
             on_event(f"{where}: {step.name}: {step.now} -> {step.want}")
+        for note in rank.notes:
+            on_event(f"{where}: note: {note}")
     return done, problems
