@@ -302,3 +302,13 @@ def test_ctrl_c_says_what_is_true_of_tune(world):
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert "nothing half-written" not in err and "run tune again" in err
     assert out == "rank 0 (local): swappiness: 60 -> 0\n"  # the one step done before the interrupted one
+
+
+def test_json_on_failure_still_prints_the_document_with_what_was_done(world):
+    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness = 60\n")  # a step tune will not do
+    proc = tune(world, "0", "--json")
+    assert proc.returncode == 1  # progress on stderr, then the one error line
+    assert proc.stderr.splitlines()[-1].startswith("sparkstack: error: rank 0 (local): swappiness-persisted")
+    doc = json.loads(proc.stdout)
+    assert {"rank": 0, "step": "swappiness", "was": "60", "now": "0"} in doc["done"]
+    assert len(doc["problems"]) == 1 and "etc/sysctl.conf sets vm.swappiness = 60" in doc["problems"][0]
