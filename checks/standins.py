@@ -15,7 +15,8 @@ Where a setting has a remote twin, STANDIN_REMOTE_X wins over STANDIN_X on a "re
   defaults: persistence_mode Enabled, clocks.current.graphics 1200), and a `-pm 1` it was given (kept in
   $STANDIN_GPU_STATE, a file, when set). STANDIN_GPU=absent makes it "not installed" (exit 127).
 - sysctl `-w key=value` also writes value to $STANDIN_SYSCTL_ROOT/proc/sys/<key as a path> when that is set.
-- sudo -n runs its command, or with STANDIN_SUDO=refuse says a password is required (exit 1).
+- sudo -n runs its command, or with STANDIN_SUDO=refuse says a password is required (exit 1); with
+  STANDIN_SUDO=deny it answers as sudoers does for a user without a rule for that command (exit 1).
 - id -u prints STANDIN_UID (default: the real effective uid).
 """
 
@@ -52,6 +53,9 @@ if name == "sudo":
         args = args[1:]
     if setting("SUDO") == "refuse":
         print("sudo: a password is required", file=sys.stderr)
+        sys.exit(1)
+    if setting("SUDO") == "deny":
+        print(f"Sorry, user bob is not allowed to execute '{' '.join(args)}' as root on spark.", file=sys.stderr)
         sys.exit(1)
     os.execvp(args[0], args)
 if name == "id":

@@ -41,6 +41,13 @@ def test_usage_errors_are_one_line_and_exit_2(run_cli, args, env):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("value", ["-1", "-0.5", "-inf"])
+def test_a_negative_memory_guard_is_out_of_range_not_an_unknown_option(run_cli, value):
+    proc = run_cli("launch", "all", "--dry-run", f"--memory-guard={value}")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"'{value}' is not a finite number in [0, " in proc.stderr and "No such option" not in proc.stderr
+
+
 @pytest.mark.parametrize("args", [["launch", "all", "--dry-run", "--json"], ["launch", "0", "--dry-run"],
                                   ["plan", "kv", "--json"], ["launch", "stop", "--dry-run"], ["--help"]])
 def test_closed_stdout_ends_quietly(args):

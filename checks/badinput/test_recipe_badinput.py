@@ -23,6 +23,8 @@ CASES = {
     "clock cap reversed": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "2000,0"'), "clock_cap='2000,0' is not MIN,MAX"),
     "clock cap of one number": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "2000"'), "clock_cap='2000' is not MIN,MAX"),
     "clock cap as an option": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "-r,2000"'), "is not MIN,MAX"),
+    "clock cap past any GPU": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "00000,99999"'),
+                               "is not MIN,MAX in MHz with MIN <= MAX <= 5000"),
     "clock cap of zero": (lambda t: t.replace('clock_cap = "0,2000"', 'clock_cap = "0,0"'), "is not MIN,MAX"),
     "gpu memory not a number": (lambda t: t.replace("gpu_memory_gib = 121.69", 'gpu_memory_gib = "121"'), "gpu_memory_gib must be a number"),
     "gpu memory nan": (lambda t: t.replace("gpu_memory_gib = 121.69", "gpu_memory_gib = nan"), "gpu_memory_gib=nan is not"),
@@ -52,6 +54,15 @@ def test_bad_recipe(tmp_path, run_cli, case):
         assert proc.returncode == 1, proc.stdout
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sparkstack: error: "), proc.stderr
         assert expect in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_clock_cap_is_written_without_leading_zeros(tmp_path):
+    """nvidia-smi and tune's stamp see one spelling: "0100,02000" is the cap 100,2000."""
+    from sparkstack.recipe import load_recipe
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(BASE.read_text().replace('clock_cap = "0,2000"', 'clock_cap = "0100,02000"'))
+    assert load_recipe(str(recipe)).clock_cap == "100,2000"
 
 
 def test_bad_knob_values(tmp_path, run_cli):

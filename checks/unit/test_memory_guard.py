@@ -21,22 +21,27 @@ MEM_FREE_KIB = hostfix.MEMINFO["MemFree"]
 DROP, COMPACT = ["sysctl", "-w", "vm.drop_caches=3"], ["sysctl", "-w", "vm.compact_memory=1"]
 
 
-@pytest.mark.parametrize("guard,fires", [("--memory-guard=120", True), ("--memory-guard", False)])
-def test_guard_acts_on_each_rank_under_the_threshold_and_not_above(tmp_path, guard, fires):
-    """MemFree is 112.5 GiB (hostfix): under 120 GiB both ranks get a drop and a compaction; above 8 GiB nothing."""
+def launch_all(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`launch all ARGS --json` against the stand-ins and a head that answers /health and one chat chunk."""
     port = free_port()
     server = serve(port, b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n')
     standins.install(tmp_path / "bin")
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", RECORD_LOG=str(tmp_path / "head.jsonl"),
                STANDIN_REMOTE_RECORD_LOG=str(tmp_path / "worker.jsonl"), HF_HOME=str(hostfix.write_hub(tmp_path / "hf")),
-               API_PORT=str(port), SPARKSTACK_STATE_DIR=str(tmp_path / "state"), VLLM_API_KEY="k")
+               API_PORT=str(port), SPARKSTACK_STATE_DIR=str(tmp_path / "state"), VLLM_API_KEY="k", **(env or {}))
     try:
-        proc = subprocess.run(sparkstack_cmd() + ["launch", "all", guard, "--json", "--host-root",
+        return subprocess.run(sparkstack_cmd() + ["launch", "all", *args, "--json", "--host-root",
                                                   str(hostfix.write_host(tmp_path / "root")), "--worker-delay", "0",
                                                   "--health-interval", "0", "--health-attempts", "3"],
                               capture_output=True, text=True, env=env, timeout=120, check=False)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("guard,fires", [("--memory-guard=120", True), ("--memory-guard", False)])
+def test_guard_acts_on_each_rank_under_the_threshold_and_not_above(tmp_path, guard, fires):
+    """MemFree is 112.5 GiB (hostfix): under 120 GiB both ranks get a drop and a compaction; above 8 GiB nothing."""
+    proc = launch_all(tmp_path, guard)
     assert proc.returncode == 0, proc.stderr
     fired = json.loads(proc.stdout)["memory_guard"]
     head = standins.recorded(tmp_path / "head.jsonl")
@@ -50,6 +55,16 @@ def test_guard_acts_on_each_rank_under_the_threshold_and_not_above(tmp_path, gua
         assert next(i for i, c in enumerate(head) if c[:2] == ["docker", "run"]) < head.index(COMPACT)
     else:
         assert fired == [] and COMPACT not in head and COMPACT not in worker and DROP not in head + worker
+
+
+@pytest.mark.parametrize("option", ["--drop-caches", "--memory-guard=120"])
+def test_drop_caches_goes_through_sudo_n_where_the_user_is_not_root(tmp_path, option):
+    """--drop-caches and the guard drop the page cache with the same code, and the same `sudo -n` (tune's too)."""
+    proc = launch_all(tmp_path, option, env={"STANDIN_REMOTE_UID": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    head, worker = standins.recorded(tmp_path / "head.jsonl"), standins.recorded(tmp_path / "worker.jsonl")
+    assert ["sudo", "-n", *DROP] in worker and ["sudo", "-n", "sync"] in worker
+    assert DROP in head and not any(c[0] == "sudo" for c in head)  # root on the head: no sudo
 
 
 class Recording(Runner):

@@ -145,6 +145,8 @@ BROKEN = {
     "no nvidia-smi": (lambda r, h: {"STANDIN_GPU": "absent"}, "gpu", "warn", "nvidia-smi is not installed on local"),
     "clock cap of an earlier boot": (lambda r, h: (r / "proc/sys/kernel/random/boot_id").write_text("another-boot\n"),
                                      "clock-cap", "warn", "no cap set by sparkstack tune since boot"),
+    "clock above the cap": (lambda r, h: {"STANDIN_GPU_CLOCKS_CURRENT_GRAPHICS": "2500"},  # tune's rule too
+                            "clock-cap", "warn", "graphics clock 2500 MHz, above the cap"),
     "another clock cap": (lambda r, h: (r / "run/sparkstack/clock-cap").write_text(
         (r / "run/sparkstack/clock-cap").read_text().replace("0,2000", "300,2200")), "clock-cap", "warn", "300,2200"),
 }
@@ -203,6 +205,9 @@ def test_free_memory_by_vllms_rule_prints_both_numbers(run_cli, world, tmp_path,
     assert memory["status"] == ("fail" if below else "pass"), memory
     assert f"MemAvailable {available_kib / 2**20:.2f} GiB" in memory["detail"]
     assert "0.5 x 100 GiB = 50.00 GiB" in memory["detail"]
+    if below:  # MemAvailable already counts the page cache a drop would free: the remedy is freeing memory
+        assert "sparkstack tune" not in memory["detail"] and "page cache" not in memory["detail"]
+        assert "stop other containers or processes" in memory["detail"]
 
 
 def test_worker_host_facts_are_read_over_ssh(run_cli, world):

@@ -7,7 +7,9 @@ command here as a "remote" call (STANDIN_REMOTE_* settings answer for it). Nothi
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import hostfix
@@ -123,16 +125,17 @@ def test_not_root_uses_sudo_n_root_does_not(world):
     assert ["sudo", "-n", "sysctl", "-w", "vm.swappiness=0"] in remote
 
 
+@pytest.mark.parametrize("how,said", [("refuse", "a password is required"), ("deny", "Sorry, user bob is not allowed")])
 @pytest.mark.parametrize("rank,env,where", [
-    ("0", {"STANDIN_UID": "1000", "STANDIN_SUDO": "refuse"}, "here"),
-    ("1", {"STANDIN_REMOTE_UID": "1000", "STANDIN_REMOTE_SUDO": "refuse"}, "on user@worker-node"),
+    ("0", {"STANDIN_UID": "1000", "STANDIN_SUDO": "{how}"}, "here"),
+    ("1", {"STANDIN_REMOTE_UID": "1000", "STANDIN_REMOTE_SUDO": "{how}"}, "on user@worker-node"),
 ])
-def test_a_refused_sudo_is_one_line_naming_the_command(world, rank, env, where):
-    proc = tune(world, rank, env=env)
+def test_a_refused_sudo_is_one_line_naming_the_command(world, rank, env, where, how, said):
+    proc = tune(world, rank, env={k: v.format(how=how) for k, v in env.items()})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"sparkstack: error: rank {rank} ")
-    assert "a password is required" in proc.stderr
+    assert said in proc.stderr and "sudo -n refused swappiness" in proc.stderr
     assert proc.stderr.rstrip().endswith(f"run it {where} yourself: sudo sysctl -w vm.swappiness=0")
     ran = head_calls(world) + worker_calls(world)
     assert [c for c in ran if c[0] == "sysctl"] == []  # nothing ran past the refusing sudo
@@ -154,20 +157,56 @@ def test_the_by_hand_line_for_the_file_writes_what_tune_writes(world):
     assert "rank 0 (local): up to date" in tune(world, "0").stdout  # and tune takes that file as its own
 
 
-def test_a_file_tune_did_not_write_is_left_alone(world):
-    (world["root"] / TUNE_FILE).write_text("vm.swappiness = 10\n")
+def test_the_by_hand_line_for_the_clock_cap_records_it_so_tune_converges(world):
+    """The clock cap by hand (sudo refused) must also leave the stamp, or tune and preflight never see it set."""
+    root = hostfix.write_host(world["tmp"] / "tuned", tuned=True)
+    (root / "run/sparkstack/clock-cap").unlink()
+    proc = tune(world, "0", root=root, env={"STANDIN_UID": "1000", "STANDIN_SUDO": "refuse"})
+    assert proc.returncode == 1 and "sudo -n refused clock-cap" in proc.stderr
+    line = proc.stderr.rstrip().split("yourself: ", 1)[1]
+    subprocess.run(["bash", "-c", line], check=True, env={**os.environ, **world["env"]})  # as root, through sudo
+    assert ["nvidia-smi", "-lgc", "0,2000"] in head_calls(world)
+    forget(world)
+    proc = tune(world, "0", root=root)
+    assert proc.returncode == 0 and proc.stdout == "rank 0 (local): up to date\n", proc.stdout + proc.stderr
+    assert acts(world) == []
+
+
+@pytest.mark.parametrize("text", ["vm.swappiness = 10\n",
+                                  # our header, with the user's own line: not a file tune wrote
+                                  None])
+def test_a_file_tune_did_not_write_is_left_alone_and_the_rest_is_done(world, text):
+    ours = world["root"] / TUNE_FILE
+    if text is None:
+        assert tune(world, "0").returncode == 0
+        text = ours.read_text().replace("vm.swappiness = 0", "kernel.foo = 1")  # header kept, swappiness dropped
+    ours.write_text(text)
+    forget(world)
     proc = tune(world)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
-    assert "sparkstack did not write it" in proc.stderr and TUNE_FILE in proc.stderr
-    assert (world["root"] / TUNE_FILE).read_text() == "vm.swappiness = 10\n"
-    assert acts(world) == []  # refused before acting on any rank
+    assert "is not what sparkstack tune writes" in proc.stderr and TUNE_FILE in proc.stderr
+    assert ours.read_text() == text
+    for ran in (head_calls(world), worker_calls(world)):  # the other steps still done, on every rank
+        assert ["sysctl", "-w", "vm.swappiness=0"] in ran
 
 
-def test_a_later_setting_that_would_win_is_named(world):
-    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness=60\n")  # procps reads it after sysctl.d
-    proc = tune(world)
-    assert proc.returncode == 1 and "etc/sysctl.conf sets vm.swappiness = 60" in proc.stderr
-    assert acts(world) == []
+def test_ubuntus_sysctl_conf_setting_60_is_named_and_the_live_value_still_set(world):
+    """Ubuntu links /etc/sysctl.d/99-sysctl.conf -> ../sysctl.conf; procps reads sysctl.conf after every file."""
+    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness=60\n")
+    (world["root"] / "etc/sysctl.d/99-sysctl.conf").symlink_to("../sysctl.conf")
+    proc = tune(world, "0")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert f"{world['root'] / 'etc/sysctl.conf'} sets vm.swappiness = 60" in proc.stderr
+    assert ["sysctl", "-w", "vm.swappiness=0"] in head_calls(world)
+    assert not (world["root"] / TUNE_FILE).exists()
+
+
+def test_the_file_that_wins_is_blamed_not_an_earlier_foreign_one(world):
+    (world["root"] / TUNE_FILE).write_text("vm.swappiness = 0\n")  # foreign, but overridden by a later file
+    (world["root"] / "etc/sysctl.d/zzz-later.conf").write_text("vm.swappiness = 60\n")
+    proc = tune(world, "0")
+    assert proc.returncode == 1 and "zzz-later.conf sets vm.swappiness = 60" in proc.stderr
+    assert "zz-sparkstack-tune.conf" not in proc.stderr
 
 
 def test_persisted_value_follows_systemd_precedence(world):
@@ -203,9 +242,73 @@ def test_missing_nvidia_smi_is_reported_not_crashed_on(world):
     assert [c for c in worker_calls(world) if c[0] == "nvidia-smi" and not is_read(c)] == []
 
 
+def test_a_rank_whose_gpus_were_left_alone_is_never_up_to_date(world):
+    """Without nvidia-smi, persistence mode and the clock cap were never set: said when acting, not just in a dry run."""
+    root = hostfix.write_host(world["tmp"] / "tuned", tuned=True)
+    proc = tune(world, root=root, env={"STANDIN_REMOTE_GPU": "absent"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "rank 0 (local): up to date",
+        ("rank 1 (user@worker-node): note: nvidia-smi is not installed on user@worker-node: persistence mode and the "
+         "clock cap are left alone")]
+    doc = json.loads(tune(world, "--json", root=root, env={"STANDIN_REMOTE_GPU": "absent"}).stdout)
+    assert [r["up_to_date"] for r in doc["ranks"]] == [True, False] and not doc["up_to_date"]
+
+
 @pytest.mark.parametrize("cached_kib,drops", [(3 * 2**20, True), (2**20, False)])
 def test_page_cache_is_dropped_only_when_there_is_some(world, cached_kib, drops):
     """Droppable = Buffers + Cached - Shmem; tune drops at 2 GiB or more."""
     (world["root"] / "proc/meminfo").write_text(hostfix.meminfo(Buffers=0, Cached=cached_kib, Shmem=0))
     assert tune(world, "0").returncode == 0
     assert (["sysctl", "-w", "vm.drop_caches=3"] in head_calls(world)) == drops
+
+
+def test_a_dir_that_is_not_a_host_root_acts_on_nothing(world):
+    """A mistyped --host-root: swappiness and the boot id cannot be read there, so every rank stops in one line."""
+    typo = world["tmp"] / "typo"
+    typo.mkdir()
+    proc = tune(world, root=typo)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"cannot read {typo / 'proc/sys/vm/swappiness'}" in proc.stderr and "rank 1" in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert acts(world) == [] and list(typo.iterdir()) == []  # no sysctl, no nvidia-smi -lgc, no file
+    assert "unreadable" not in proc.stdout + proc.stderr
+
+
+def test_an_unreadable_boot_id_stops_that_rank_only(world):
+    (world["root"] / "proc/sys/kernel/random/boot_id").unlink()
+    proc = tune(world, "0")
+    assert proc.returncode == 1 and "cannot read" in proc.stderr and "boot_id" in proc.stderr
+    assert acts(world) == [] and not (world["root"] / "run/sparkstack/clock-cap").exists()
+
+
+def test_ctrl_c_says_what_is_true_of_tune(world):
+    """Interrupted inside a step (a `sync` that hangs): the steps said done stay done, a re-run does the rest."""
+    slow = world["tmp"] / "slow"
+    slow.mkdir()
+    started = world["tmp"] / "sync-started"
+    (slow / "sync").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    (slow / "sync").chmod(0o755)
+    env = {**os.environ, **world["env"], "PATH": f"{slow}:{world['env']['PATH']}"}
+    proc = subprocess.Popen(sparkstack_cmd() + ["tune", "0", "--host-root", str(world["root"])], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not started.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "nothing half-written" not in err and "run tune again" in err
+    assert out == "rank 0 (local): swappiness: 60 -> 0\n"  # the one step done before the interrupted one
+
+
+def test_json_on_failure_still_prints_the_document_with_what_was_done(world):
+    (world["root"] / "etc/sysctl.conf").write_text("vm.swappiness = 60\n")  # a step tune will not do
+    proc = tune(world, "0", "--json")
+    assert proc.returncode == 1  # progress on stderr, then the one error line
+    assert proc.stderr.splitlines()[-1].startswith("sparkstack: error: rank 0 (local): swappiness-persisted")
+    doc = json.loads(proc.stdout)
+    assert {"rank": 0, "step": "swappiness", "was": "60", "now": "0"} in doc["done"]
+    assert len(doc["problems"]) == 1 and "etc/sysctl.conf sets vm.swappiness = 60" in doc["problems"][0]

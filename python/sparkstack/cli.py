@@ -58,8 +58,23 @@ class FiniteFloat(click.ParamType):
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number) or not self.low <= number <= self.high:
-            self.fail(f"{value!r} is not a finite number in [{self.low:g}, {self.high:g}]", param, ctx)
+            self.fail(f"{value!r} is not a finite number in [{self.low:.10g}, {self.high:.10g}]", param, ctx)
         return number
+
+
+class OptionalValueCommand(click.Command):
+    """click reads `--opt=-1`, for an option whose value may be left out (`flag_value`), as the bare option and then
+    an unknown option `-1`: such a value goes to the option's type first, so a bad one gets the type's own message."""
+
+    def parse_args(self, ctx, args):
+        ahead = args[:args.index("--")] if "--" in args else args
+        for param in self.params:
+            if isinstance(param, click.Option) and getattr(param, "_flag_needs_value", False):
+                for arg in ahead:
+                    name, eq, value = arg.partition("=")
+                    if eq and name in param.opts and value.startswith("-"):
+                        param.type.convert(value, param, ctx)
+        return super().parse_args(ctx, args)
 
 
 def _print_json(doc: object) -> None:
@@ -540,7 +555,7 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
 
 # ---------------------------------------------------------------- launch / plan kv
 
-@main.command()
+@main.command(cls=OptionalValueCommand)
 @click.argument("target")
 @click.option("--recipe", default=None, help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. Default: glm53-flash-dflash2-nvfp4.")
 @click.option("--image", "image", default=None,
@@ -683,9 +698,16 @@ def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
                 click.echo(line)
         return
     say = functools.partial(click.echo, err=as_json)
-    done = apply_tune(plan, runners, say)
-    if as_json:
-        _print_json({**plan.to_json(), "done": done})
+    try:
+        done, problems = apply_tune(plan, runners, say)
+    except KeyboardInterrupt:  # tune's outputs are not all files: say what holds
+        click.echo("sparkstack: interrupted: the steps printed as done are done; the one under way may be half done "
+                   "(a file it writes is renamed into place only when whole); run tune again for the rest", err=True)
+        sys.exit(130)
+    if as_json:  # also on failure: the steps that were done are part of the answer
+        _print_json({**plan.to_json(), "done": done, "problems": problems})
+    if problems:
+        _fail("; ".join(problems))
 
 
 def _tune_lines(plan) -> list[str]:

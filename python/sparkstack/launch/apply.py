@@ -119,7 +119,7 @@ def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
     """sync and drop the page cache on every rank being started (FACTS.md §3 does it on both nodes):
     on unified memory, the page cache counts against the GPU's free memory at engine start."""
     for rank in ranks:
-        runner = runners[rank]
+        runner = runners[rank].for_root()  # `sudo -n` where the user is not root, as tune and the guard
         failed = drop_page_cache(runner)
         if failed:
             argv, proc = failed

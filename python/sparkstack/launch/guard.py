@@ -1,7 +1,7 @@
 """The optional boot memory guard (`launch all --memory-guard[=GIB]`).
 
 While the ranks boot, the launch process itself polls each rank's MemFree (the worker's over ssh, with a
-read-only `cat`), and where it is under the threshold drops the page cache (launch's drop-caches code) and
+read-only `grep` of /proc/meminfo), and where it is under the threshold drops the page cache (launch's drop-caches code) and
 compacts memory on that rank. It runs only from the boot watch's rounds, so it stops at readiness, at a
 failure or at its deadline, and nothing of it is ever left running on a worker.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.apply import drop_page_cache
@@ -79,7 +79,7 @@ def memory_guard(runners: dict[int, Runner], ranks: list[int], host_root: str, t
     guard = MemoryGuard(guarded, host_root, int(threshold_gib * GIB), time.monotonic() + deadline_s, on_event)
     for rank in ranks:
         try:
-            guarded[rank] = replace(runners[rank], sudo=not runners[rank].is_root())
+            guarded[rank] = runners[rank].for_root()
         except SparkstackError as exc:
             guard._give_up(rank, str(exc))
     return guard

@@ -25,6 +25,7 @@ DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
 DEFAULT_CLOCK_CAP = "0,2000"  # every published number was measured at this cap (FACTS.md §3)
 DEFAULT_GPU_MEMORY_GIB = 121.69  # GB10: what vLLM's free-memory check measures against (FACTS.md §7)
 _CLOCK_CAP = re.compile(r"([0-9]{1,5}),([0-9]{1,5})")
+CLOCK_CAP_MAX_MHZ = 5000  # above any GPU's graphics clock (GB10's boost is about 3 GHz)
 
 # The old launcher's knobs and their defaults (FACTS.md §3). An empty environment reproduces them.
 KNOB_DEFAULTS: dict[str, str] = {
@@ -525,9 +526,10 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         check_value(f"{w} [drafter]: method=", drafter["method"], _word)
     clock_cap = doc.get("clock_cap", DEFAULT_CLOCK_CAP)
     cap = _CLOCK_CAP.fullmatch(clock_cap)
-    if not cap or int(cap[1]) > int(cap[2]) or int(cap[2]) == 0:
-        raise SparkstackError(f"{w}: clock_cap={show(clock_cap)} is not MIN,MAX in MHz with MIN <= MAX "
-                              f"(e.g. {DEFAULT_CLOCK_CAP!r}, for nvidia-smi -lgc)")
+    if not cap or int(cap[1]) > int(cap[2]) or not 0 < int(cap[2]) <= CLOCK_CAP_MAX_MHZ:
+        raise SparkstackError(f"{w}: clock_cap={show(clock_cap)} is not MIN,MAX in MHz with MIN <= MAX <= "
+                              f"{CLOCK_CAP_MAX_MHZ} (e.g. {DEFAULT_CLOCK_CAP!r}, for nvidia-smi -lgc)")
+    clock_cap = f"{int(cap[1])},{int(cap[2])}"  # one spelling for nvidia-smi, tune's stamp and preflight
     gpu_gib = doc.get("gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)
     if not (math.isfinite(gpu_gib) and 0 < gpu_gib <= 65536):
         raise SparkstackError(f"{w}: gpu_memory_gib={gpu_gib!r} is not a number of GiB in (0, 65536]")

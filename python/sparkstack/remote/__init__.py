@@ -114,6 +114,10 @@ class Runner:
             raise SparkstackError(f"{self.label}: cannot tell which user runs there (`id -u`): {failure_line(proc)}")
         return proc.stdout.strip() == "0"
 
+    def for_root(self) -> Runner:
+        """This runner, its `run_as_root` through `sudo -n` where the user there is not root (asks `id -u`)."""
+        return replace(self, sudo=not self.is_root())
+
     def read_texts(self, paths: list[str]) -> dict[str, str | None]:
         """Small text files there, in one go; None for a file that is missing, unreadable or empty.
 
@@ -157,9 +161,11 @@ class Runner:
 
 
 def sudo_refused(proc: subprocess.CompletedProcess) -> bool:
-    """`sudo -n` said no: a password would be needed, no sudoers rule, or no sudo at all."""
+    """`sudo -n` said no: a password would be needed, no sudoers rule for the command ("Sorry, user U is not
+    allowed to execute ..."), or no sudo at all."""
     line = failure_line(proc)
-    return proc.returncode != 0 and (line.startswith("sudo:") or proc.returncode == 127 and "sudo" in line)
+    return proc.returncode != 0 and (line.startswith("sudo:") or proc.returncode == 127 and "sudo" in line
+                                     or line.startswith("Sorry, user ") and " is not allowed to execute " in line)
 
 
 def failure_line(proc: subprocess.CompletedProcess) -> str:

@@ -1,7 +1,8 @@
 """Apply a tune plan: each rank's steps, as root (`sudo -n` where the user is not), in order.
 
-The first failure stops with one line; a refused `sudo -n` names the command to run by hand. Every step
-can be run again: a re-run after a failure picks up what is still left.
+A rank's problems (planned) are left for the user; its other steps still run. A failed step stops that rank's
+later steps (a refused `sudo -n` names the command to run by hand); the other ranks go on. Every step can be
+run again: a re-run after a failure picks up what is still left.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
-from sparkstack.errors import SparkstackError
 from sparkstack.launch.apply import drop_page_cache
 from sparkstack.remote import Runner, failure_line, sudo_refused
 from sparkstack.tune.plan import RankTune, Step, TunePlan
@@ -33,21 +33,23 @@ def _failure(rank: RankTune, step: Step, runner: Runner, argv: list[str], proc: 
     return f"{where}: {step.name}: `{' '.join(argv)}` failed: {failure_line(proc)}"
 
 
-def apply_tune(plan: TunePlan, runners: dict[int, Runner], on_event: Callable[[str], None]) -> list[dict]:
-    """Carry out every rank's steps; returns what was done, as JSON-ready rows."""
-    problems = [f"rank {r.rank} ({r.where}): {p}" for r in plan.ranks for p in r.problems]
-    if problems:
-        raise SparkstackError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-    done = []
+def apply_tune(plan: TunePlan, runners: dict[int, Runner],
+               on_event: Callable[[str], None]) -> tuple[list[dict], list[str]]:
+    """Carry out every rank's steps; returns what was done (JSON-ready rows) and what was not, one line each."""
+    done, problems = [], []
     for rank in plan.ranks:
+        where = f"rank {rank.rank} ({rank.where})"
+        problems += [f"{where}: {p}" for p in rank.problems]
         if rank.up_to_date:
-            on_event(f"rank {rank.rank} ({rank.where}): up to date")
-            continue
+            on_event(f"{where}: up to date")
         runner = runners[rank.rank]
         for step in rank.steps:
             failed = _run_step(step, runner)
             if failed:
-                raise SparkstackError(_failure(rank, step, runner, *failed))
+                problems.append(_failure(rank, step, runner, *failed))
+                break
             done.append({"rank": rank.rank, "step": step.name, "was": step.now, "now": step.want})
-            on_event(f"rank {rank.rank} ({rank.where}): {step.name}: {step.now} -> {step.want}")
-    return done
+            on_event(f"{where}: {step.name}: {step.now} -> {step.want}")
+        for note in rank.notes:
+            on_event(f"{where}: note: {note}")
+    return done, problems

@@ -1,8 +1,8 @@
 """A rank's host facts that `tune` sets and preflight checks, read under a host-root prefix.
 
-Read-only: files through the rank's Runner (`cat` and `find` over ssh) and `nvidia-smi --query-gpu`. The
-prefix is the same path on every rank ("/" in production; a prepared tree in tests), so nothing here or
-in tune ever needs the real /proc/sys or /etc of a test machine.
+Read-only: files through the rank's Runner (over ssh, one `grep` of the files and one `find` of the sysctl
+directories) and `nvidia-smi --query-gpu`. The prefix is the same path on every rank ("/" in production; a
+prepared tree in tests), so nothing here or in tune ever needs the real /proc/sys or /etc of a test machine.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ SYSCTL_CONF = "etc/sysctl.conf"  # procps' `sysctl --system` reads it after ever
 # `nvidia-smi -lgc` cannot be read back (NVML has a setter for locked clocks, no getter) and does not survive
 # a reboot; tune records the cap it set, with the kernel's boot id, in a file of its own.
 CLOCK_STAMP = "run/sparkstack/clock-cap"
+SWAPPINESS = "proc/sys/vm/swappiness"
+BOOT_ID = "proc/sys/kernel/random/boot_id"
 WRITTEN_BY = "# Written by sparkstack tune"
 GPU_QUERY = ("persistence_mode", "clocks.current.graphics")
 
@@ -77,6 +79,20 @@ class HostFacts:
         fields = stamp_fields(self.clock_stamp)
         if self.boot_id and fields.get("boot_id") == self.boot_id:
             return fields.get("clock_cap")
+        return None
+
+    def clock_cap_unmet(self, clock_cap: str) -> str | None:
+        """Why `clock_cap` is not known to hold on every GPU (None when it is): tune's rule and preflight's.
+        Only called with `gpus` read."""
+        over = [c for c in self.gpus.clocks_mhz if c is not None and c > int(clock_cap.split(",")[1])]
+        stamped = self.stamped_cap()
+        if over:
+            return f"graphics clock {max(over)} MHz, above the cap"
+        # A lock set while persistence mode was off may be gone with the driver's last client.
+        if any(m != "Enabled" for m in self.gpus.persistence):
+            return "persistence mode off: a cap may not have held"
+        if stamped != clock_cap:
+            return f"{stamped} MHz set this boot" if stamped else "no cap set by sparkstack tune since boot"
         return None
 
     def path(self, rel: str) -> str:
@@ -166,15 +182,15 @@ def read_facts(runner: Runner, root: str) -> HostFacts:
     """Every fact, in four read-only calls: the sysctl listing, the files, `nvidia-smi` (and the caller's `id`)."""
     sysctl = sysctl_files(runner, root)
     named = {rel: host_path(root, rel) for rel in (
-        "proc/sys/vm/swappiness", "proc/swaps", "proc/meminfo", "proc/sys/kernel/random/boot_id", SYSCTL_FILE, CLOCK_STAMP)}
+        SWAPPINESS, "proc/swaps", "proc/meminfo", BOOT_ID, SYSCTL_FILE, CLOCK_STAMP)}
     texts = runner.read_texts(list(dict.fromkeys([*named.values(), *sysctl])))
     text = {rel: texts[path] for rel, path in named.items()}
     settings = [s for file in sysctl for s in swappiness_lines(texts[file] or "", file)]
     swaps = [line.split()[0] for line in (text["proc/swaps"] or "").splitlines()[1:] if line.strip()]
     gpus, problem = query_gpus(runner)
     return HostFacts(
-        where=runner.label, root=root, swappiness=(text["proc/sys/vm/swappiness"] or "").strip() or None,
+        where=runner.label, root=root, swappiness=(text[SWAPPINESS] or "").strip() or None,
         swappiness_settings=tuple(settings), our_file=text[SYSCTL_FILE], swaps=tuple(swaps),
         memory=parse_meminfo(text["proc/meminfo"]),
-        boot_id=(text["proc/sys/kernel/random/boot_id"] or "").strip() or None,
+        boot_id=(text[BOOT_ID] or "").strip() or None,
         clock_stamp=text[CLOCK_STAMP], gpus=gpus, gpu_problem=problem)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.launch.apply import DROP_CACHES
@@ -54,12 +54,12 @@ class RankTune:
     sudo: bool  # not root there: every command goes through `sudo -n`
     facts: HostFacts
     steps: tuple[Step, ...]
-    notes: tuple[str, ...]  # what was left alone, and why
-    problems: tuple[str, ...]  # what tune will not do for you: apply refuses while any is left
+    notes: tuple[str, ...]  # what was left alone, and why: the rank is not up to date while any is left
+    problems: tuple[str, ...]  # what tune will not do for you: apply skips those steps and fails at the end
 
     @property
     def up_to_date(self) -> bool:
-        return not self.steps and not self.problems
+        return not self.steps and not self.problems and not self.notes
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "host": self.host, "where": self.where, "sudo": self.sudo,
@@ -95,7 +95,8 @@ def write_file(path: str, text: str) -> tuple[tuple[Command, ...], str]:
                 Command(("dd", f"of={tmp}", "conv=fsync", "status=none"), text),
                 Command(("mv", "-f", "--", tmp, path)),
                 Command(("sync", "--", folder)))
-    by_hand = f"{shlex.join(('printf', '%s' + chr(92) + 'n', *text.splitlines()))} | {_sudo(('tee', path))} >/dev/null"
+    by_hand = (f"{_sudo(('mkdir', '-p', '--', folder))} && "
+               f"{shlex.join(('printf', '%s' + chr(92) + 'n', *text.splitlines()))} | {_sudo(('tee', path))} >/dev/null")
     return commands, by_hand
 
 
@@ -108,17 +109,15 @@ def _swappiness_persisted(facts: HostFacts, problems: list[str]) -> Step | None:
     if persisted is not None and persisted.value == "0":
         return None
     ours = facts.path(hostfacts.SYSCTL_FILE)
-    if facts.our_file is not None and not facts.our_file.startswith(WRITTEN_BY):
-        problems.append(f"{ours} exists and sparkstack did not write it; left as it is: set vm.swappiness = 0 "
-                        "there yourself, or move it away")
-        return None
     # What is read after our file wins over it: /etc/sysctl.conf (procps reads it last), or a name sorting later.
-    last_name, conf = os.path.basename(ours), facts.path(hostfacts.SYSCTL_CONF)
-    later = [s for s in facts.swappiness_settings
-             if s.value != "0" and (s.file == conf or os.path.basename(s.file) > last_name)]
-    if later:
-        problems.append(f"{later[-1].file} sets vm.swappiness = {later[-1].value} and is read after {ours}: "
-                        "set 0 there yourself")
+    if persisted is not None and (persisted.file == facts.path(hostfacts.SYSCTL_CONF)
+                                  or os.path.basename(persisted.file) > os.path.basename(ours)):
+        problems.append(f"swappiness-persisted skipped: {persisted.file} sets vm.swappiness = {persisted.value} and "
+                        f"is read last at boot: set 0 there yourself")
+        return None
+    if facts.our_file is not None and facts.our_file != SWAPPINESS_FILE_TEXT:  # a file tune wrote holds exactly that
+        problems.append(f"swappiness-persisted skipped: {ours} exists and is not what sparkstack tune writes; left as "
+                        "it is: set vm.swappiness = 0 there yourself, or move it away")
         return None
     now = "not set at boot" if persisted is None else f"{persisted.value} (from {persisted.file})"
     commands, by_hand = write_file(ours, SWAPPINESS_FILE_TEXT)
@@ -130,31 +129,31 @@ def _gpu_steps(facts: HostFacts, clock_cap: str, notes: list[str]) -> list[Step]
         notes.append(f"{facts.gpu_problem}: persistence mode and the clock cap are left alone")
         return []
     steps = []
-    off = [m for m in facts.gpus.persistence if m != "Enabled"]
-    if off:
+    if any(m != "Enabled" for m in facts.gpus.persistence):
         steps.append(_step("persistence-mode", ", ".join(facts.gpus.persistence), "Enabled", ("nvidia-smi", "-pm", "1")))
-    cap_max = int(clock_cap.split(",")[1])
-    over = [c for c in facts.gpus.clocks_mhz if c is not None and c > cap_max]
-    stamped = facts.stamped_cap()
-    # A lock set while persistence mode was off may be gone with the driver's last client: set it again.
-    if stamped != clock_cap or off or over:
-        now = (f"graphics clock {max(over)} MHz, above the cap" if over else
-               "persistence mode off: a cap may not have held" if off else
-               f"{stamped}, set this boot" if stamped else "no cap set by sparkstack tune since boot")
-        if facts.boot_id is None:
-            notes.append(f"cannot read the boot id under {facts.root}: the clock cap cannot be recorded")
+    # The one rule preflight checks too; the cap comes after persistence mode, which keeps it held.
+    now = facts.clock_cap_unmet(clock_cap)
+    if now:
         cap = ("nvidia-smi", "-lgc", clock_cap)
-        text = hostfacts.stamp_text(clock_cap, facts.boot_id or "unknown")
-        stamp, _ = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
-        steps.append(Step("clock-cap", now, clock_cap, (Command(cap), *stamp), _sudo(cap)))
+        text = hostfacts.stamp_text(clock_cap, facts.boot_id)
+        stamp, stamp_by_hand = write_file(facts.path(hostfacts.CLOCK_STAMP), text)
+        # By hand too the cap is recorded: without the stamp neither tune nor preflight can tell it was set.
+        steps.append(Step("clock-cap", now, clock_cap, (Command(cap), *stamp), f"{_sudo(cap)} && {stamp_by_hand}"))
     return steps
 
 
 def plan_rank(rank: int, host: str, facts: HostFacts, sudo: bool, clock_cap: str) -> RankTune:
     """What differs on one rank, from its facts alone."""
+    # Every host has both: without them the root is not a host's (a mistyped --host-root), and nothing is done there.
+    unread = [rel for rel, value in ((hostfacts.SWAPPINESS, facts.swappiness), (hostfacts.BOOT_ID, facts.boot_id))
+              if value is None]
+    if unread:
+        problem = (f"cannot read {' or '.join(facts.path(rel) for rel in unread)}: is {facts.root} the host's root "
+                   "(--host-root)? nothing done on this rank")
+        return RankTune(rank, host, facts.where, sudo, facts, (), (), (problem,))
     steps, notes, problems = [], [], []
     if facts.swappiness != "0":
-        steps.append(_step("swappiness", facts.swappiness or "unreadable", "0", ("sysctl", "-w", "vm.swappiness=0")))
+        steps.append(_step("swappiness", facts.swappiness, "0", ("sysctl", "-w", "vm.swappiness=0")))
     persisted = _swappiness_persisted(facts, problems)
     if persisted:
         steps.append(persisted)
@@ -173,8 +172,7 @@ def plan_tune(plan: LaunchPlan, target: str, host_root: Path, ssh_config: Path |
     root = str(host_root.absolute())
     ranks, runners = [], {}
     for rank in select_ranks(plan, target, actions=("all",)):
-        runner = runner_for(rank, ssh_config)
-        sudo = not runner.is_root()
-        runners[rank.rank] = replace(runner, sudo=sudo)
-        ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), sudo, plan.recipe.clock_cap))
+        runner = runners[rank.rank] = runner_for(rank, ssh_config).for_root()
+        ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), runner.sudo,
+                               plan.recipe.clock_cap))
     return TunePlan(plan.recipe.name, plan.recipe.clock_cap, root, tuple(ranks)), runners
