@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..errors import SparkstackError
+from ..verify import printable
 from .plan import Settings
 from .report import RESULTS, ROUND_FIGURES, SPEC_RESULTS
 
@@ -155,20 +156,20 @@ def table(cmp: Comparison):
     from rich.table import Table
 
     # everything from the files (paths, categories, flags) is text, not markup
-    t = Table(title=escape(f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}"),
+    t = Table(title=escape(printable(f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}")),
               caption="* beyond the rounds' spread (max - min) in both runs · ~ within · ? not judged")
     for head in ("conc", "category", "tok/s A → B", "change", "accept len A → B", "change", "steps/s A → B",
                  "change", "flags A / B"):
         t.add_column(head, justify="left" if head in ("category", "flags A / B") else "right")
     digits = {"output_tok_s": 1, "acceptance_length": 2, "steps_per_s": 2}
     for c in cmp.cells:
-        row = [str(c.concurrency), escape(c.category)]
+        row = [str(c.concurrency), escape(printable(c.category))]
         for name in ROUND_FIGURES:
             ch = c.figures[name]
             row.append(f"{_fmt(ch.a, digits[name])} → {_fmt(ch.b, digits[name])}")
             mark = {True: "*", False: "~", None: "?"}[ch.exceeds_spread]
             pct = "-" if ch.change_pct is None else f"{ch.change_pct:+.1f}%"
             row.append(f"[bold]{pct} {mark}[/bold]" if ch.exceeds_spread else f"{pct} {mark}")
-        row.append(escape(f"{' '.join(map(str, c.flags_a)) or '-'} / {' '.join(map(str, c.flags_b)) or '-'}"))
+        row.append(escape(printable(f"{' '.join(map(str, c.flags_a)) or '-'} / {' '.join(map(str, c.flags_b)) or '-'}")))
         t.add_row(*row)
     return t

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..endpoint import metrics, stats
 from ..endpoint.client import StreamResult
+from ..verify import printable
 from .batch import Batch
 from .plan import Block, Settings
 
@@ -174,6 +175,7 @@ class Report:
     settings: Settings
     cells: tuple[Cell, ...]
     warnings: tuple[str, ...] = ()
+    stopped: str | None = None  # why the bench stopped before its last block; the finished cells stand
 
     def to_json(self) -> dict:
         return {"suite_version": self.suite_version, "settings": self.settings.to_json(),
@@ -185,7 +187,7 @@ class Report:
 
     def verdict(self) -> str:
         """'' when every cell is a result; otherwise one line saying why the run failed."""
-        parts = []
+        parts = [f"stopped after {len(self.cells)} cells: {self.stopped}"] if self.stopped else []
         flagged = [c for c in self.cells if c.flags]
         if flagged:
             names = sorted({f for c in flagged for f in c.flags}, key=FLAG_ORDER.index)
@@ -218,18 +220,19 @@ def table(doc: dict):
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=escape(f"sparkstack bench · suite v{doc['suite_version']}"),
-              caption=escape(settings_line(doc["settings"])))  # the model name is the server's: not markup
+    # the model name is the server's, a document read back anyone's: text, not markup or terminal controls
+    t = Table(title=escape(printable(f"sparkstack bench · suite v{doc['suite_version']}")),
+              caption=escape(printable(settings_line(doc["settings"]))))
     for head in ("conc", "category", "tok/s", "tok/s /stream", "TTFT chunk p50 ms", "TTFT content p50/p95 ms",
                  "ITL p50/p95/p99 ms", "TPOT p50 ms", "accept len", "per position", "steps/s /stream", "errors",
                  "flags"):
         t.add_column(head, justify="left" if head in ("category", "per position", "flags") else "right")
     for c in doc["cells"]:
         pos = c["per_position"]
-        t.add_row(str(c["concurrency"]), escape(c["category"]), _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
+        t.add_row(str(c["concurrency"]), escape(printable(c["category"])), _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
                   _ms(c["ttft_first_chunk_p50_s"]), f"{_ms(c['ttft_content_p50_s'])}/{_ms(c['ttft_content_p95_s'])}",
                   "/".join(_ms(c[k]) for k in ("itl_p50_s", "itl_p95_s", "itl_p99_s")), _ms(c["tpot_p50_s"]),
                   _num(c["acceptance_length"], ".2f"), "-" if pos is None else "/".join(f"{p:.2f}" for p in pos),
                   _num(c["steps_per_s"]), str(c["errors"]),
-                  "[red]" + escape(" ".join(c["flags"])) + "[/red]" if c["flags"] else "")
+                  "[red]" + escape(printable(" ".join(c["flags"]))) + "[/red]" if c["flags"] else "")
     return t

@@ -55,13 +55,18 @@ def run_bench(plan: BenchPlan, endpoint: Endpoint, *, force: bool = False,
     progress = _Progress(plan.requests, on_progress)
     cells: list[Cell] = []
     for block in plan.blocks:
-        progress.label = block.name
-        batches = _run_block(plan, endpoint, block, 0, has_metrics, progress.tick)
-        rerun = noisy(batches)
-        if rerun:  # once more, from fresh rounds; still noisy then is a fault
-            progress.planned += block.requests
-            progress.label = f"{block.name} (rerun: noisy)"
-            batches = _run_block(plan, endpoint, block, 1, has_metrics, progress.tick)
+        try:
+            progress.label = block.name
+            batches = _run_block(plan, endpoint, block, 0, has_metrics, progress.tick)
+            rerun = noisy(batches)
+            if rerun:  # once more, from fresh rounds; still noisy then is a fault
+                progress.planned += block.requests
+                progress.label = f"{block.name} (rerun: noisy)"
+                batches = _run_block(plan, endpoint, block, 1, has_metrics, progress.tick)
+        except SparkstackError as exc:  # e.g. the server died: the finished cells are still measurements
+            if not cells:
+                raise
+            return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings), str(exc))
         flags = ([SERVER_BUSY] if busy else []) + ([NOISY] if rerun and noisy(batches) else [])
         cells.append(make_cell(block, batches, flags, rerun))
     return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings))
