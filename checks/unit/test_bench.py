@@ -270,3 +270,21 @@ def test_tpot_is_null_for_a_stream_of_one_text_chunk():
     figures = make_cell(Block(1, "code", 1), [Batch((Outcome(one),), 0.1, None, None)], []).figures
     assert figures["tpot_p50_s"] is None
     assert figures["output_tok_s"] == pytest.approx(40 / 0.1)
+
+
+def test_non_finite_figures_are_null_in_the_json():
+    """A counter near the float limit makes steps/s infinite; JSON has no Infinity, so it is withheld as null."""
+    from sparkstack.bench.report import Report
+
+    def scrape(drafts, accepted, at):
+        return metrics.parse(f"vllm:spec_decode_num_drafts_total {drafts}\nvllm:spec_decode_num_draft_tokens_total "
+                             f"{drafts}\nvllm:spec_decode_num_accepted_tokens_total {accepted}\n", at)
+
+    s = StreamResult(0.01, 0.05, 0.15, (0.05, 0.15), "xy", "", None, (), "stop", {"completion_tokens": 2}, 3)
+    batch = Batch((Outcome(s),), 0.2, scrape(0, 0, 0), scrape(1e308, 1e308, 1))
+    plan = make_plan("http://127.0.0.1:9", concurrency=(1,), rounds=1, categories=("code",), model="m")
+    doc = Report("1", plan.settings, (make_cell(plan.blocks[0], [batch], []),)).to_json()
+    text = json.dumps(doc, allow_nan=False)  # raises on NaN or Infinity
+    cell = json.loads(text)["cells"][0]
+    assert cell["steps_per_s"] is None and cell["rounds"][0]["steps_per_s"] is None
+    assert cell["acceptance_length"] == 2.0  # 1 + 1e308 / 1e308: finite, so kept

@@ -11,6 +11,7 @@ with such a stream withholds its token rates (tok/s, per stream, TPOT, each roun
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..endpoint import metrics, stats
@@ -106,6 +107,17 @@ class Cell:
         return out
 
 
+def _finite(v):
+    """`v` with every NaN or infinity (a server's counter, or a rate over a huge one) as null: JSON has neither."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v
+
+
 def _count(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
@@ -179,7 +191,7 @@ class Report:
 
     def to_json(self) -> dict:
         return {"suite_version": self.suite_version, "settings": self.settings.to_json(),
-                "cells": [c.to_json() for c in self.cells]}
+                "cells": [_finite(c.to_json()) for c in self.cells]}
 
     @property
     def errors(self) -> int:
