@@ -156,7 +156,7 @@ def test_ctrl_c_ends_the_bench_at_once_while_streams_are_open(tmp_path):
         try:
             wait_for("both streams sent", lambda: engine.c["requests"] >= 2)
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)  # a bound on the test, far below the --timeout
+            _, err = proc.communicate(timeout=60)  # a bound on the test, far below the --timeout
         finally:
             proc.kill()
     assert proc.returncode == 130, err

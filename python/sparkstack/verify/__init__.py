@@ -4,6 +4,14 @@ checks.py holds the checks as data (required or warn-only) with their probes; ru
 returning frozen results."""
 
 from .checks import CHECKS, Check, served_models
-from .run import Result, VerifyPlan, mask_key, plan_verify, printable, run_verify, verdict
+from .run import (
+    Result,
+    VerifyPlan,
+    mask_key,
+    plan_verify,
+    printable,
+    run_verify,
+    verdict,
+)
 
 __all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "mask_key", "plan_verify", "printable", "run_verify", "served_models", "verdict"]
