@@ -139,3 +139,111 @@ def test_a_restarted_server_stops_the_bench(run_cli):
         watcher.join(5)
     assert proc.returncode == 1
     assert "c=1 code: the server's counters went back during round 1" in one_error_line(proc)
+
+
+def test_ctrl_c_ends_the_bench_at_once_while_streams_are_open(tmp_path):
+    """Streams that never answer must not hold Ctrl-C back for --timeout (an hour here)."""
+    import signal
+    import subprocess
+
+    from clirun import sparkstack_cmd
+    from inprocess_engine import wait_for
+
+    with serving(hang=True) as engine:
+        proc = subprocess.Popen(sparkstack_cmd() + ["bench", engine.url, "--timeout", "3600", "--concurrency", "2",
+                                                    "--rounds", "1", "--category", "code"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for("both streams sent", lambda: engine.c["requests"] >= 2)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)  # a bound on the test, far below the --timeout
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+
+
+KEY = "sk-SECRET-123"
+
+
+def test_a_key_the_server_echoes_is_masked(run_cli, monkeypatch):
+    """A careless server puts what it was sent into its error message; bench's lines must not carry it on."""
+    from inprocess_engine import standin
+
+    plain = standin.Handler._error
+    monkeypatch.setattr(standin.Handler, "_error", lambda self, code, message: plain(
+        self, code, f"bad key {self.headers.get('Authorization')}"))
+    with serving(fail_every=2, cycles=1) as engine:
+        proc = run_cli("bench", engine.url, "--concurrency", "2", "--rounds", "1", "--category", "code",
+                       env={"VLLM_API_KEY": KEY})
+    assert proc.returncode == 1
+    assert KEY not in proc.stdout + proc.stderr
+    assert "HTTP 500: bad key Bearer ***" in one_error_line(proc)
+
+
+def test_a_server_failing_mid_bench_keeps_the_finished_cells(run_cli):
+    # concurrency 1, one round a block: request 1 is block 1's, request 2 (answered 500) block 2's
+    with serving(fail_every=2, cycles=1) as engine:
+        proc = run_cli("bench", engine.url, "--json", "--concurrency", "1", "--rounds", "1", "--category",
+                       "code,json")
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert [(c["concurrency"], c["category"], c["errors"]) for c in doc["cells"]] == [(1, "code", 0)]
+    line = one_error_line(proc)
+    assert "stopped after 1 cells: c=1 json: every request of round 1 failed" in line and "HTTP 500" in line
+
+
+def test_server_text_cannot_drive_the_terminal(run_cli):
+    name = "evil\x1b[2J\x1b]0;owned\x07model"
+    with serving(model=name, cycles=1) as engine:
+        proc = run_cli("bench", engine.url, *BLOCK)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert "evil\\x1b[2J\\x1b]0;owned\\x07model" in proc.stdout.replace("\n", "")
+
+
+def test_an_unwritable_plot_directory_is_refused_before_the_run(run_cli):
+    with serving() as engine:
+        proc = run_cli("bench", engine.url, *BLOCK, "--plot", "/proc/x.png")
+        assert engine.c["requests"] == 0
+    assert proc.returncode == 2 and "--plot /proc/x.png: cannot write in /proc" in one_error_line(proc)
+
+
+def test_a_plot_that_fails_at_the_end_still_prints_the_figures_first(run_cli, tmp_path):
+    where = tmp_path / "gone"
+    where.mkdir()
+    with serving(cycles=1, step_delay=0.05) as engine:
+        def remove_the_directory():
+            while engine.c["requests"] == 0:
+                time.sleep(0.005)
+            where.rmdir()
+
+        remover = threading.Thread(target=remove_the_directory, daemon=True)
+        remover.start()
+        proc = run_cli("bench", engine.url, *BLOCK, "--json", "--plot", where / "p.png")
+        remover.join(5)
+    assert proc.returncode == 1
+    assert [c["category"] for c in json.loads(proc.stdout)["cells"]] == ["code"]
+    assert "No such file or directory" in one_error_line(proc)
+
+
+def test_a_plot_the_user_owns_is_refused_in_plot_words(run_cli, tmp_path):
+    theirs = tmp_path / "holiday.png"
+    theirs.write_bytes(b"not a png")
+    proc = run_cli("bench", "http://127.0.0.1:9", "--dry-run", "--plot", theirs)
+    line = one_error_line(proc)
+    assert "is not a plot sparkstack wrote" in line and "choose another --plot" in line
+    assert "archive" not in line and "--out" not in line
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--model", ""], "--model"),
+    (["--model", "  "], "--model"),
+    (["--api-key-env", "sk-abc def"], "--api-key-env"),
+    (["--concurrency", "\u00b2"], "--concurrency"),
+    (["--concurrency", "1,\u0663"], "--concurrency"),
+    (["--concurrency", "9" * 5000], "--concurrency"),
+])
+def test_bad_options_are_refused_even_in_a_dry_run(run_cli, args, says):
+    proc = run_cli("bench", "http://127.0.0.1:9", "--dry-run", *args)
+    assert proc.returncode == 2 and says in one_error_line(proc)

@@ -250,3 +250,41 @@ def test_the_standin_reads_its_modes_from_the_environment():
                             "STANDIN_STEP_DELAY_PER_REQUEST": "0.004", "STANDIN_COUNTERS": '{"drafts": 7}'})
     assert (b.accept_pattern, b.cycles, b.step_delay, b.delay_sequence) == ((4, 4, 3), 2, 0.02, (0.1, 0.2))
     assert (b.no_usage, b.step_delay_per_request, b.counters) == (True, 0.004, (("drafts", 7),))
+
+
+def test_without_a_usage_chunk_the_token_rates_are_withheld_and_the_note_says_why(run_cli):
+    pattern = (2, 1)
+    with serving(no_usage=True, accept_pattern=pattern, cycles=1) as engine:
+        proc, doc = bench_json(run_cli, engine.url, "--concurrency", "2", "--rounds", "1", "--category", "code")
+    assert proc.returncode == 0, proc.stderr
+    (cell,) = doc["cells"]
+    assert cell["flags"] == []  # not one of the contract's four faults
+    assert (cell["output_tok_s"], cell["per_stream_tok_s"], cell["tpot_p50_s"]) == (None, None, None)
+    assert cell["rounds"][0]["output_tok_s"] is None
+    assert cell["acceptance_length"] == expected_spec(pattern)[0]  # from /metrics: still a figure
+    assert "c=2 code: no_usage: 2 of 2 streams sent no usage chunk" in proc.stderr
+
+
+def test_tpot_is_null_for_a_stream_of_one_text_chunk():
+    one = StreamResult(0.01, 0.05, 0.06, (0.05,), "all of it", "", None, (), "stop", {"completion_tokens": 40}, 2)
+    figures = make_cell(Block(1, "code", 1), [Batch((Outcome(one),), 0.1, None, None)], []).figures
+    assert figures["tpot_p50_s"] is None
+    assert figures["output_tok_s"] == pytest.approx(40 / 0.1)
+
+
+def test_non_finite_figures_are_null_in_the_json():
+    """A counter near the float limit makes steps/s infinite; JSON has no Infinity, so it is withheld as null."""
+    from sparkstack.bench.report import Report
+
+    def scrape(drafts, accepted, at):
+        return metrics.parse(f"vllm:spec_decode_num_drafts_total {drafts}\nvllm:spec_decode_num_draft_tokens_total "
+                             f"{drafts}\nvllm:spec_decode_num_accepted_tokens_total {accepted}\n", at)
+
+    s = StreamResult(0.01, 0.05, 0.15, (0.05, 0.15), "xy", "", None, (), "stop", {"completion_tokens": 2}, 3)
+    batch = Batch((Outcome(s),), 0.2, scrape(0, 0, 0), scrape(1e308, 1e308, 1))
+    plan = make_plan("http://127.0.0.1:9", concurrency=(1,), rounds=1, categories=("code",), model="m")
+    doc = Report("1", plan.settings, (make_cell(plan.blocks[0], [batch], []),)).to_json()
+    text = json.dumps(doc, allow_nan=False)  # raises on NaN or Infinity
+    cell = json.loads(text)["cells"][0]
+    assert cell["steps_per_s"] is None and cell["rounds"][0]["steps_per_s"] is None
+    assert cell["acceptance_length"] == 2.0  # 1 + 1e308 / 1e308: finite, so kept

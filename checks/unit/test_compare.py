@@ -1,6 +1,7 @@
 """`sparkstack compare A.json B.json` on synthetic bench documents (the --json contract), and on a real pair."""
 
 import json
+import re
 
 import pytest
 from inprocess_engine import serving
@@ -128,3 +129,39 @@ def test_two_real_runs_compare(run_cli, tmp_path):
         if not (c["flags_a"] or c["flags_b"]):  # same pattern both times: acceptance does not move
             assert c["figures"]["acceptance_length"]["change"] == 0
             assert c["figures"]["acceptance_length"]["exceeds_spread"] is False
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"settings": {**SETTINGS, "concurrency": 5}}, "settings.concurrency: not a list of whole numbers"),
+    ({"settings": {**SETTINGS, "categories": None}}, "settings.categories: not a list of texts"),
+    ({"settings": {**SETTINGS, "rounds": True}}, "settings.rounds: not a whole number"),
+    ({"cells": [{**cell(1, "code", [1], [2], [3]), "output_tok_s": 10 ** 400}]}, "cells[0].output_tok_s: not a number"),
+    ({"cells": [{**cell(1, "code", [1], [2], [3]), "drafts": 1e300}]}, "cells[0].drafts: not a number"),
+    ({"cells": [{**cell(1, "code", [1], [2], [3]), "flags": [7]}]}, "cells[0].flags: not a list of texts"),
+    ({"cells": [{**cell(1, "code", [1], [2], [3]), "per_position": "high"}]}, "cells[0].per_position"),
+    ({"cells": [{**cell(1, "code", [1], [2], [3]), "errors": None}]}, "cells[0].errors: not a whole number"),
+])
+def test_wrong_types_anywhere_and_huge_numbers_are_not_a_bench_report(run_cli, tmp_path, pair, change, says):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"suite_version": "1", "settings": SETTINGS, "cells": [cell(1, "code", [1], [2], [3])],
+                               **change}))
+    proc = run_cli("compare", bad, bad)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and "not a bench report" in proc.stderr
+
+
+def test_non_finite_figures_are_not_judged_and_never_printed(run_cli, tmp_path):
+    a = write(tmp_path / "a.json", [cell(1, "code", [98, 100, 102], [2.7, 2.7, 2.7], [9.0, 9.1, 9.2])])
+    doc = json.loads(a.read_text())
+    doc["cells"][0]["output_tok_s"] = float("nan")
+    doc["cells"][0]["rounds"][0]["steps_per_s"] = float("inf")
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(doc))  # json writes NaN and Infinity
+    proc = run_cli("compare", a, b, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "NaN" not in proc.stdout and "Infinity" not in proc.stdout
+    figs = json.loads(proc.stdout)["cells"][0]["figures"]
+    assert figs["output_tok_s"]["b"] is None and figs["output_tok_s"]["exceeds_spread"] is None
+    assert figs["steps_per_s"]["spread_b"] == pytest.approx(9.2 - 9.1)  # the infinite round is left out
+    table = run_cli("compare", a, b)
+    assert re.search(r"100\.0 → - │ +- \? │", table.stdout), table.stdout

@@ -1097,7 +1097,8 @@ class _IntList(click.ParamType):
         if isinstance(value, tuple):
             return value
         parts = [p.strip() for p in str(value).split(",")]
-        if not all(p.isdigit() and 1 <= int(p) <= 1024 for p in parts):
+        # ASCII digits only: str.isdigit() takes superscripts and other scripts' digits, which int() may refuse
+        if not all(p.isascii() and p.isdigit() and len(p) <= 4 and 1 <= int(p) <= 1024 for p in parts):
             self.fail(f"{value!r} is not a comma-separated list of whole numbers from 1 to 1024", param, ctx)
         return tuple(int(p) for p in parts)
 
@@ -1160,12 +1161,14 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
     from sparkstack.bench.plot import check_destination, write_plot
     from sparkstack.bench.report import settings_line, table
     from sparkstack.bench.run import run_bench
-    from sparkstack.endpoint.client import Endpoint
+    from sparkstack.endpoint.client import Endpoint, check_key_env
+    from sparkstack.verify import mask_key, printable
 
     given = {"concurrency": concurrency, "rounds": rounds, "max_tokens": max_tokens, "temperature": temperature,
              "top_p": top_p}
     names = tuple(n.strip() for c in categories for n in c.split(",") if n.strip())
     plan = make_plan(url, categories=names, model=model, **{k: v for k, v in given.items() if v is not None})
+    check_key_env(api_key_env)
     if plot is not None:
         check_destination(plot)
     if dry_run:
@@ -1178,15 +1181,22 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
         for b in plan.blocks:
             click.echo(f"  {b.name}: {b.rounds} rounds x {b.concurrency} streams = {b.requests} requests")
         return
-    endpoint = Endpoint(plan.settings.url, _api_key(api_key_env), timeout,
-                        connections=max(plan.settings.concurrency))
-    with _request_progress(plan.requests, enabled=not as_json) as on_progress:
-        report = run_bench(plan, endpoint, force=force, on_progress=on_progress)
+    api_key = _api_key(api_key_env)
+    endpoint = Endpoint(plan.settings.url, api_key, timeout, connections=max(plan.settings.concurrency))
+
+    def said(text: str) -> str:  # server text on our lines: the key it may echo masked, controls escaped
+        return printable(mask_key(text, api_key))
+
+    try:
+        with _request_progress(plan.requests, enabled=not as_json) as on_progress:
+            report = run_bench(plan, endpoint, force=force, on_progress=on_progress)
+    except UsageError:
+        raise
+    except SparkstackError as exc:
+        raise SparkstackError(said(str(exc))) from None
     for w in report.warnings:
-        _warn(w)
+        _warn(said(w))
     doc = report.to_json()
-    if plot is not None:
-        write_plot(doc, plot)
     notes = [n for c in report.cells for n in c.notes()]
     if as_json:
         _print_json(doc)
@@ -1196,9 +1206,11 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
         _print_rich(table(doc))
         for n in notes:
             click.echo(n)
+    if plot is not None:  # after the figures are out: a failed plot must not lose the run
+        write_plot(doc, plot)
     verdict = report.verdict()
     if verdict:
-        _fail(verdict)
+        _fail(said(verdict))
 
 
 @main.command()
@@ -1212,16 +1224,17 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
     from sparkstack.bench.compare import compare as compare_reports
     from sparkstack.bench.compare import table
     from sparkstack.bench.report import settings_line
+    from sparkstack.verify import printable
 
     cmp = compare_reports(report_a, report_b)
     if cmp.settings_differ:
-        _warn("settings differ: " + "; ".join(cmp.settings_differ))
+        _warn(printable("settings differ: " + "; ".join(cmp.settings_differ)))
     if as_json:
         _print_json(cmp.to_json())
         return
     _print_rich(table(cmp))
-    click.echo(f"A: {settings_line(cmp.a[1])}")
-    click.echo(f"B: {settings_line(cmp.b[1])}")
+    click.echo(printable(f"A: {settings_line(cmp.a[1])}"))
+    click.echo(printable(f"B: {settings_line(cmp.b[1])}"))
 
 
 class StdoutClosed(Exception):

@@ -77,17 +77,17 @@ def _refuse_cwd(path: Path) -> None:
         raise SparkstackError(f"{path}: is the working directory or holds it; choose another --out")
 
 
-def _existing(path: Path) -> bool:
+def _existing(path: Path, option: str = "--out") -> bool:
     """Whether something is at `path` that a claim must judge; refuses what may never be replaced."""
     _refuse_cwd(path)
     if path.is_symlink():
-        raise SparkstackError(f"{path}: is a symlink; refusing to replace it (choose another --out)")
+        raise SparkstackError(f"{path}: is a symlink; refusing to replace it (choose another {option})")
     return path.exists()
 
 
-def _same_command(path: Path, marker: OutputMarker, command: str) -> OutputMarker:
+def _same_command(path: Path, marker: OutputMarker, command: str, option: str = "--out") -> OutputMarker:
     if marker.command != command:
-        raise SparkstackError(f"{path}: was written by `{marker.command}`, not `{command}`; choose another --out")
+        raise SparkstackError(f"{path}: was written by `{marker.command}`, not `{command}`; choose another {option}")
     return marker
 
 
@@ -107,14 +107,16 @@ def claim_dir(path: Path, command: str) -> OutputMarker | None:
     return _same_command(path, marker, command)
 
 
-def claim_file(path: Path, command: str, read_archive_marker: Callable[[Path], OutputMarker | None]) -> OutputMarker | None:
-    """May `command` write the archive `path`? Like claim_dir, for a single file whose marker the caller reads."""
-    if not _existing(path):
+def claim_file(path: Path, command: str, read_archive_marker: Callable[[Path], OutputMarker | None], *,
+               what: str = "an archive", option: str = "--out") -> OutputMarker | None:
+    """May `command` write the file `path` (`what` it is, given by `option`)? Like claim_dir, for a single file
+    whose marker the caller reads."""
+    if not _existing(path, option):
         return None
     if not path.is_file():
-        raise SparkstackError(f"{path}: exists and is not a file; choose another --out")
+        raise SparkstackError(f"{path}: exists and is not a file; choose another {option}")
     marker = read_archive_marker(path)
     if marker is None:
-        raise SparkstackError(f"{path}: exists and is not an archive sparkstack wrote; refusing to replace it: "
-                              "choose another --out or remove it yourself")
-    return _same_command(path, marker, command)
+        raise SparkstackError(f"{path}: exists and is not {what} sparkstack wrote; refusing to replace it: "
+                              f"choose another {option} or remove it yourself")
+    return _same_command(path, marker, command, option)

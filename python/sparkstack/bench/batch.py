@@ -1,12 +1,13 @@
-"""A batch: concurrent streamed requests between two /metrics scrapes. Every bench round is one, and soak
-reuses it: `run_concurrent(endpoint, bodies)` gives each request's stream (or its failure) and the metrics around.
+"""A batch: concurrent streamed requests between two /metrics scrapes. Every bench round is one:
+`run_concurrent(endpoint, bodies)` gives each request's stream (or its failure) and the metrics around.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from ..endpoint import metrics
@@ -56,6 +57,8 @@ def _one(endpoint: Endpoint, body: dict) -> Outcome:
         return Outcome(endpoint.stream_chat(body))
     except EndpointError as exc:
         return Outcome(None, exc.kind, str(exc))
+    except Exception as exc:  # noqa: BLE001 - a stream thread that died unheard would leave the batch waiting forever
+        return Outcome(None, "internal", f"chat: {type(exc).__name__}: {exc}")
 
 
 def run_concurrent(endpoint: Endpoint, bodies: Sequence[dict], *, scrape: bool = True,
@@ -66,12 +69,27 @@ def run_concurrent(endpoint: Endpoint, bodies: Sequence[dict], *, scrape: bool =
     if scrape and before is None:
         before = endpoint.scrape()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, len(bodies))) as pool:
-        futures = [pool.submit(_one, endpoint, body) for body in bodies]
-        for f in as_completed(futures):
-            if on_done is not None:
-                on_done(f.result())
+    done: queue.SimpleQueue[tuple[int, Outcome]] = queue.SimpleQueue()
+    # Daemon threads, not a pool: on Ctrl-C the main thread leaves at once and abandons the open streams (a
+    # pool's shutdown, and the interpreter's exit, would wait each one out to its --timeout).
+    for i, body in enumerate(bodies):
+        threading.Thread(target=lambda i=i, body=body: done.put((i, _one(endpoint, body))), daemon=True,
+                         name=f"bench-stream-{i}").start()
+    outcomes: list[Outcome | None] = [None] * len(bodies)
+    for _ in bodies:
+        i, outcome = _wait(done)
+        outcomes[i] = outcome
+        if on_done is not None:
+            on_done(outcome)
     wall = time.monotonic() - t0
-    outcomes = [f.result() for f in futures]
     after = endpoint.scrape() if scrape else None
-    return Batch(tuple(outcomes), wall, before, after)
+    return Batch(tuple(o for o in outcomes if o is not None), wall, before, after)
+
+
+def _wait(done: queue.SimpleQueue):
+    """The next finished stream; waits in short slices so that Ctrl-C is seen at once."""
+    while True:
+        try:
+            return done.get(timeout=0.2)
+        except queue.Empty:
+            continue

@@ -4,10 +4,12 @@ of the rounds within each run (|B - A| greater than max - min of A's rounds and 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..errors import SparkstackError
+from ..verify import printable
 from .plan import Settings
 from .report import RESULTS, ROUND_FIGURES, SPEC_RESULTS
 
@@ -17,29 +19,71 @@ CELL_KEYS = ("concurrency", "category", *RESULTS, "errors", "drafts", "draft_tok
 SETTINGS_KEYS = tuple(f.name for f in fields(Settings))
 
 
-def _number(v: object) -> bool:
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+LARGEST = 1e15  # beyond any figure or counter a bench measures; larger ones would overflow the arithmetic
+SETTING_TYPES = {"url": "text", "model": "text or null", "concurrency": "whole numbers", "rounds": "whole",
+                 "max_tokens": "whole", "temperature": "number", "top_p": "number", "categories": "texts"}
+CELL_TYPES = {"concurrency": "whole", "category": "text", **dict.fromkeys(RESULTS, "number or null"),
+              "errors": "whole", **dict.fromkeys(("drafts", "draft_tokens", "accepted_tokens"), "number or null"),
+              "acceptance_length": "number or null", "per_position": "numbers or null",
+              "steps_per_s": "number or null", "flags": "texts"}
+
+
+ELEMENT = {"whole numbers": "whole", "numbers": "number or null", "texts": "text"}
+WORDS = {"text": "a text", "whole": "a whole number", "number": "a number", "whole numbers": "a list of whole numbers",
+         "numbers": "a list of numbers", "texts": "a list of texts"}
+
+
+def _is(kind: str, v: object) -> bool:
+    """Whether `v` is of a contract `kind` (numbers: finite, within LARGEST; never a bool)."""
+    if kind.endswith(" or null"):
+        return v is None or _is(kind.removesuffix(" or null"), v)
+    if kind in ELEMENT:
+        return isinstance(v, list) and all(_is(ELEMENT[kind], x) for x in v)
+    if kind == "text":
+        return isinstance(v, str)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= LARGEST:
+        return False
+    return kind == "number" or isinstance(v, int)
+
+
+def _describe(kind: str) -> str:
+    base = kind.removesuffix(" or null")
+    words = WORDS[base] + (" or null" if base != kind else "")
+    return words + (f" (at most {LARGEST:g})" if base != "text" and base != "texts" else "")
+
+
+def _finite_or_none(text: str) -> float | None:
+    """A JSON float; NaN and the infinities (and literals that overflow to them) read as a withheld figure."""
+    v = float(text)
+    return v if math.isfinite(v) else None
 
 
 def read_report(path: Path) -> dict:
-    """A bench --json document, checked against the contract; anything else is one clear error."""
+    """A bench --json document, checked against the contract; anything else is one clear error. A non-finite
+    figure reads as withheld (so it is never judged)."""
     with open(path, "rb") as f:
         raw = f.read(MAX_BYTES + 1)
     if len(raw) > MAX_BYTES:
         raise SparkstackError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a bench report")
     try:
-        doc = json.loads(raw)
+        doc = json.loads(raw, parse_float=_finite_or_none, parse_constant=lambda _name: None)
     except (ValueError, RecursionError):
         raise SparkstackError(f"{path}: not JSON: not a bench report (sparkstack bench --json)") from None
 
     def bad(where: str, what: str) -> SparkstackError:
         return SparkstackError(f"{path}: {where}: {what}: not a bench report (sparkstack bench --json)")
 
+    def check_types(where: str, obj: dict, types: dict[str, str]) -> None:
+        for key, kind in types.items():
+            if not _is(kind, obj[key]):
+                raise bad(f"{where}.{key}", f"not {_describe(kind)}")
+
     if not isinstance(doc, dict) or not isinstance(doc.get("suite_version"), str):
         raise bad("suite_version", "missing or not a string")
     settings = doc.get("settings")
     if not isinstance(settings, dict) or any(k not in settings for k in SETTINGS_KEYS):
         raise bad("settings", f"not an object with {', '.join(SETTINGS_KEYS)}")
+    check_types("settings", settings, SETTING_TYPES)
     cells = doc.get("cells")
     if not isinstance(cells, list):
         raise bad("cells", "not a list")
@@ -49,14 +93,12 @@ def read_report(path: Path) -> dict:
         missing = [k for k in CELL_KEYS if k not in c]
         if missing:
             raise bad(f"cells[{i}]", f"no {missing[0]!r}")
-        if not isinstance(c["concurrency"], int) or not isinstance(c["category"], str):
-            raise bad(f"cells[{i}]", "concurrency or category of the wrong type")
-        if not all(_number(c[k]) for k in ROUND_FIGURES) or not isinstance(c["flags"], list):
-            raise bad(f"cells[{i}]", "a figure that is not a number")
+        check_types(f"cells[{i}]", c, CELL_TYPES)
         rounds = c["rounds"]
-        if not isinstance(rounds, list) or not all(isinstance(r, dict) and all(_number(r.get(k)) for k in ROUND_FIGURES)
+        if not isinstance(rounds, list) or not all(isinstance(r, dict) and all(_is("number or null", r.get(k))
+                                                                                for k in ROUND_FIGURES)
                                                    for r in rounds):
-            raise bad(f"cells[{i}].rounds", "not a list of round figures")
+            raise bad(f"cells[{i}].rounds", "not a list of round figures (numbers or null)")
     keys = [(c["concurrency"], c["category"]) for c in cells]
     if len(set(keys)) != len(keys):
         raise bad("cells", "a (concurrency, category) cell twice")
@@ -76,7 +118,10 @@ class Change:
 
     @property
     def change_pct(self) -> float | None:
-        return None if self.change is None or not self.a else 100 * self.change / self.a
+        if self.change is None or not self.a:
+            return None
+        pct = 100 * self.change / self.a
+        return pct if math.isfinite(pct) else None  # a change off a figure near 0 is not a percentage
 
     @property
     def exceeds_spread(self) -> bool | None:
@@ -155,20 +200,20 @@ def table(cmp: Comparison):
     from rich.table import Table
 
     # everything from the files (paths, categories, flags) is text, not markup
-    t = Table(title=escape(f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}"),
+    t = Table(title=escape(printable(f"sparkstack compare · suite v{cmp.suite_version} · A {cmp.a[0]} → B {cmp.b[0]}")),
               caption="* beyond the rounds' spread (max - min) in both runs · ~ within · ? not judged")
     for head in ("conc", "category", "tok/s A → B", "change", "accept len A → B", "change", "steps/s A → B",
                  "change", "flags A / B"):
         t.add_column(head, justify="left" if head in ("category", "flags A / B") else "right")
     digits = {"output_tok_s": 1, "acceptance_length": 2, "steps_per_s": 2}
     for c in cmp.cells:
-        row = [str(c.concurrency), escape(c.category)]
+        row = [str(c.concurrency), escape(printable(c.category))]
         for name in ROUND_FIGURES:
             ch = c.figures[name]
             row.append(f"{_fmt(ch.a, digits[name])} → {_fmt(ch.b, digits[name])}")
             mark = {True: "*", False: "~", None: "?"}[ch.exceeds_spread]
             pct = "-" if ch.change_pct is None else f"{ch.change_pct:+.1f}%"
             row.append(f"[bold]{pct} {mark}[/bold]" if ch.exceeds_spread else f"{pct} {mark}")
-        row.append(escape(f"{' '.join(map(str, c.flags_a)) or '-'} / {' '.join(map(str, c.flags_b)) or '-'}"))
+        row.append(escape(printable(f"{' '.join(map(str, c.flags_a)) or '-'} / {' '.join(map(str, c.flags_b)) or '-'}")))
         t.add_row(*row)
     return t

@@ -81,6 +81,8 @@ def make_plan(url: str, *, concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, r
               max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
               top_p: float = DEFAULT_TOP_P, categories: tuple[str, ...] = (), model: str | None = None) -> BenchPlan:
     suite = suite_mod.load()
+    if model is not None and not model.strip():
+        raise UsageError("--model must not be empty")
     if not concurrency or any(c < 1 for c in concurrency):
         raise UsageError("--concurrency takes whole numbers of at least 1, e.g. 1,2,4")
     if rounds < 1 or max_tokens < 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tempfile
 from pathlib import Path
 
 from .. import fsio, outputs
@@ -22,7 +23,12 @@ def check_destination(path: Path) -> None:
         raise UsageError(f"--plot {path}: no such directory {parent}")
     if path.is_dir():
         raise UsageError(f"--plot {path}: is a directory")
-    outputs.claim_file(path, COMMAND, png_marker)
+    outputs.claim_file(path, COMMAND, png_marker, what="a plot", option="--plot")
+    try:  # a directory that looks fine may still refuse files (read-only, /proc): try, as the write will
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--plot {path}: cannot write in {parent}: {exc.strerror or exc}") from None
 
 
 def png_marker(path: Path) -> outputs.OutputMarker | None:
@@ -84,7 +90,8 @@ def render_png(doc: dict) -> bytes:
     for k, (cat, r) in enumerate(shown.items()):
         pos_ax.bar([i + k * width for i in range(len(r))], r, width=width, label=cat)
     npos = max((len(r) for r in shown.values()), default=0)
-    pos_ax.set_xticks([i + width * (len(shown) - 1) / 2 for i in range(npos)], [str(i) for i in range(npos)])
+    # positions 1..N, as top shows them (the metric's position label counts from 0)
+    pos_ax.set_xticks([i + width * (len(shown) - 1) / 2 for i in range(npos)], [str(i + 1) for i in range(npos)])
     pos_ax.set(title="acceptance per draft position (accepted_per_pos / drafts)", xlabel="position",
                ylabel="rate", ylim=(0, 1.05))
     pos_ax.grid(alpha=0.3, axis="y")

@@ -3,13 +3,20 @@ tools read; the table.
 
 A flagged cell's result figures are withheld (null in JSON, a dash in the table): a fault is never reported as a
 result. Its counters (drafts, draft and accepted tokens, errors) and its rounds stay, as the evidence.
+
+A stream without a usage chunk gives no token count (chunks are not tokens: a chunk may carry several), so a cell
+with such a stream withholds its token rates (tok/s, per stream, TPOT, each round's tok/s) and says why in a
+`no_usage` note. That is not a fault flag (the contract has four): its other figures stand.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..endpoint import metrics, stats
+from ..endpoint.client import StreamResult
+from ..verify import printable
 from .batch import Batch
 from .plan import Block, Settings
 
@@ -26,6 +33,8 @@ RESULTS = ("output_tok_s", "per_stream_tok_s", "ttft_first_chunk_p50_s", "ttft_c
 SPEC_RESULTS = ("acceptance_length", "per_position", "steps_per_s")
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 ROUND_FIGURES = ("output_tok_s", "acceptance_length", "steps_per_s")
+TOKEN_RATES = ("output_tok_s", "per_stream_tok_s", "tpot_p50_s")  # need the server's token counts
+NO_USAGE = "no_usage"
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,8 @@ class Round:
     acceptance_length: float | None
     steps_per_s: float | None
 
-    def to_json(self) -> dict:
-        return {name: getattr(self, name) for name in ROUND_FIGURES}
+    def to_json(self, no_usage: bool = False) -> dict:
+        return {name: None if no_usage and name in TOKEN_RATES else getattr(self, name) for name in ROUND_FIGURES}
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class Cell:
     requests: int = 0  # sent, failed ones included
     first_error: str | None = None
     rerun: bool = False
+    no_usage: int = 0  # streams that sent no usage chunk: the token rates are withheld
 
     @property
     def name(self) -> str:
@@ -61,14 +71,15 @@ class Cell:
         flagged = bool(self.flags)
         spec = self.spec
         doc: dict = {"concurrency": self.concurrency, "category": self.category}
-        doc |= {k: None if flagged else self.figures[k] for k in RESULTS}
+        withheld = set(RESULTS) if flagged else set(TOKEN_RATES) if self.no_usage else set()
+        doc |= {k: None if k in withheld else self.figures[k] for k in RESULTS}
         doc["errors"] = self.errors
         doc |= dict(zip(COUNTERS, (_count(spec.drafts), _count(spec.draft_tokens), _count(spec.accepted))
                         if spec else (None, None, None)))
         doc["acceptance_length"] = None if flagged or spec is None else spec.acceptance_length
         doc["per_position"] = None if flagged or spec is None else list(spec.per_position)
         doc["steps_per_s"] = None if flagged else self.steps_per_s
-        doc["rounds"] = [r.to_json() for r in self.rounds]
+        doc["rounds"] = [r.to_json(bool(self.no_usage)) for r in self.rounds]
         doc["flags"] = list(self.flags)
         return doc
 
@@ -78,6 +89,9 @@ class Cell:
         if self.rerun and NOISY not in self.flags:
             out.append(f"{self.name}: rerun: its first rounds spread over {NOISY_SPREAD:.0%}; the rerun's figures "
                        "are reported")
+        if self.no_usage:
+            out.append(f"{self.name}: {NO_USAGE}: {self.no_usage} of {self.requests - self.errors} streams sent no "
+                       "usage chunk (stream_options.include_usage): tok/s and TPOT withheld, chunks are not tokens")
         for flag in self.flags:
             if flag == SPEC_DECODE_COLLAPSE and self.spec:
                 out.append(f"{self.name}: {flag}: acceptance length {self.spec.acceptance_length:.3f} over "
@@ -93,8 +107,30 @@ class Cell:
         return out
 
 
+def _finite(v):
+    """`v` with every NaN or infinity (a server's counter, or a rate over a huge one) as null: JSON has neither."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v
+
+
 def _count(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
+
+
+def _counted(r: StreamResult) -> bool:
+    """Whether the server counted the stream's tokens (a usage chunk with a whole completion_tokens)."""
+    tokens = (r.usage or {}).get("completion_tokens")
+    return isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+
+
+def _tpot(r: StreamResult) -> float | None:
+    """TPOT needs a decode time: two text chunks at least (one chunk's 0 s would read as infinitely fast)."""
+    return r.tpot_s if len(r.token_times_s) >= 2 else None
 
 
 def _round(batch: Batch) -> Round:
@@ -132,7 +168,7 @@ def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool 
         "itl_p50_s": stats.percentile(itls, 50),
         "itl_p95_s": stats.percentile(itls, 95),
         "itl_p99_s": stats.percentile(itls, 99),
-        "tpot_p50_s": stats.percentile([r.tpot_s for r in results], 50),
+        "tpot_p50_s": stats.percentile([_tpot(r) for r in results], 50),
     }
     found = set(flags)
     if spec is None:
@@ -142,7 +178,7 @@ def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool 
     return Cell(block.concurrency, block.category, figures, len(failures), spec,
                 spec.drafts / decode if spec and decode > 0 else None, tuple(_round(b) for b in batches),
                 tuple(f for f in FLAG_ORDER if f in found), len(results) + len(failures),
-                failures[0].error if failures else None, rerun)
+                failures[0].error if failures else None, rerun, sum(not _counted(r) for r in results))
 
 
 @dataclass(frozen=True)
@@ -151,10 +187,11 @@ class Report:
     settings: Settings
     cells: tuple[Cell, ...]
     warnings: tuple[str, ...] = ()
+    stopped: str | None = None  # why the bench stopped before its last block; the finished cells stand
 
     def to_json(self) -> dict:
         return {"suite_version": self.suite_version, "settings": self.settings.to_json(),
-                "cells": [c.to_json() for c in self.cells]}
+                "cells": [_finite(c.to_json()) for c in self.cells]}
 
     @property
     def errors(self) -> int:
@@ -162,7 +199,7 @@ class Report:
 
     def verdict(self) -> str:
         """'' when every cell is a result; otherwise one line saying why the run failed."""
-        parts = []
+        parts = [f"stopped after {len(self.cells)} cells: {self.stopped}"] if self.stopped else []
         flagged = [c for c in self.cells if c.flags]
         if flagged:
             names = sorted({f for c in flagged for f in c.flags}, key=FLAG_ORDER.index)
@@ -195,18 +232,19 @@ def table(doc: dict):
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=escape(f"sparkstack bench · suite v{doc['suite_version']}"),
-              caption=escape(settings_line(doc["settings"])))  # the model name is the server's: not markup
+    # the model name is the server's, a document read back anyone's: text, not markup or terminal controls
+    t = Table(title=escape(printable(f"sparkstack bench · suite v{doc['suite_version']}")),
+              caption=escape(printable(settings_line(doc["settings"]))))
     for head in ("conc", "category", "tok/s", "tok/s /stream", "TTFT chunk p50 ms", "TTFT content p50/p95 ms",
                  "ITL p50/p95/p99 ms", "TPOT p50 ms", "accept len", "per position", "steps/s /stream", "errors",
                  "flags"):
         t.add_column(head, justify="left" if head in ("category", "per position", "flags") else "right")
     for c in doc["cells"]:
         pos = c["per_position"]
-        t.add_row(str(c["concurrency"]), escape(c["category"]), _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
+        t.add_row(str(c["concurrency"]), escape(printable(c["category"])), _num(c["output_tok_s"]), _num(c["per_stream_tok_s"]),
                   _ms(c["ttft_first_chunk_p50_s"]), f"{_ms(c['ttft_content_p50_s'])}/{_ms(c['ttft_content_p95_s'])}",
                   "/".join(_ms(c[k]) for k in ("itl_p50_s", "itl_p95_s", "itl_p99_s")), _ms(c["tpot_p50_s"]),
                   _num(c["acceptance_length"], ".2f"), "-" if pos is None else "/".join(f"{p:.2f}" for p in pos),
                   _num(c["steps_per_s"]), str(c["errors"]),
-                  "[red]" + escape(" ".join(c["flags"])) + "[/red]" if c["flags"] else "")
+                  "[red]" + escape(printable(" ".join(c["flags"]))) + "[/red]" if c["flags"] else "")
     return t

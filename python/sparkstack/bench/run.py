@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ..endpoint import metrics
 from ..endpoint.client import Endpoint
 from ..errors import SparkstackError
+from ..verify import served_models
 from .batch import Batch, run_concurrent
 from .plan import BenchPlan, Block
 from .report import NOISY, SERVER_BUSY, Cell, Report, make_cell, noisy
@@ -41,7 +42,7 @@ def run_bench(plan: BenchPlan, endpoint: Endpoint, *, force: bool = False,
     if not healthy:
         where = detail if endpoint.url in detail else f"{endpoint.url}/health: {detail}"
         raise SparkstackError(f"{where}: the server is not serving")
-    model = plan.settings.model or _first_model(endpoint)
+    model = plan.settings.model or served_models(endpoint)[0]
     plan = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, model=model))
     start = endpoint.scrape()
     warnings = [] if start is not None else [f"{endpoint.url}/metrics: not found (404): no spec-decode figures"]
@@ -55,13 +56,18 @@ def run_bench(plan: BenchPlan, endpoint: Endpoint, *, force: bool = False,
     progress = _Progress(plan.requests, on_progress)
     cells: list[Cell] = []
     for block in plan.blocks:
-        progress.label = block.name
-        batches = _run_block(plan, endpoint, block, 0, has_metrics, progress.tick)
-        rerun = noisy(batches)
-        if rerun:  # once more, from fresh rounds; still noisy then is a fault
-            progress.planned += block.requests
-            progress.label = f"{block.name} (rerun: noisy)"
-            batches = _run_block(plan, endpoint, block, 1, has_metrics, progress.tick)
+        try:
+            progress.label = block.name
+            batches = _run_block(plan, endpoint, block, 0, has_metrics, progress.tick)
+            rerun = noisy(batches)
+            if rerun:  # once more, from fresh rounds; still noisy then is a fault
+                progress.planned += block.requests
+                progress.label = f"{block.name} (rerun: noisy)"
+                batches = _run_block(plan, endpoint, block, 1, has_metrics, progress.tick)
+        except SparkstackError as exc:  # e.g. the server died: the finished cells are still measurements
+            if not cells:
+                raise
+            return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings), str(exc))
         flags = ([SERVER_BUSY] if busy else []) + ([NOISY] if rerun and noisy(batches) else [])
         cells.append(make_cell(block, batches, flags, rerun))
     return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings))
@@ -79,13 +85,6 @@ class _Progress:
         self.done += 1
         if self.report is not None:
             self.report(self.label, self.done, self.planned)
-
-
-def _first_model(endpoint: Endpoint) -> str:
-    models = endpoint.models()
-    if not models:
-        raise SparkstackError(f"{endpoint.url}/v1/models: the server lists no model (name one with --model)")
-    return models[0]
 
 
 def _busy(scrape: metrics.Scrape | None) -> str:

@@ -3,7 +3,15 @@
 checks.py holds the checks as data (required or warn-only) with their probes; run.py plans (pure) and runs them,
 returning frozen results."""
 
-from .checks import CHECKS, Check
-from .run import Result, VerifyPlan, plan_verify, run_verify, verdict
+from .checks import CHECKS, Check, served_models
+from .run import (
+    Result,
+    VerifyPlan,
+    mask_key,
+    plan_verify,
+    printable,
+    run_verify,
+    verdict,
+)
 
-__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "plan_verify", "run_verify", "verdict"]
+__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "mask_key", "plan_verify", "printable", "run_verify", "served_models", "verdict"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..endpoint import metrics
 from ..endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult
+from ..errors import SparkstackError
 from ..launch.preflight import CHAT_TEMPLATE
 
 
@@ -45,11 +46,13 @@ class Session:
         return self.deadline - time.monotonic()
 
     def endpoint(self) -> Endpoint:
-        """The endpoint, its per-request timeout cut to what is left of the run's, so that --timeout bounds the run."""
+        """The endpoint, its per-request timeout cut to what is left of the run's, so that --timeout bounds the run.
+        The Endpoint is this run's own (run_verify makes it): its chat calls take no per-request timeout, so the
+        attribute is set. Tenths of a second: the failure line says "no answer in 3 s", not "in 2.99561 s"."""
         left = self.left_s()
         if left <= 0:
             raise OutOfTime(f"the --timeout of {self.timeout_s:g} s ran out")
-        self._endpoint.timeout = left
+        self._endpoint.timeout = max(0.1, round(left, 1))
         return self._endpoint
 
     def body(self, content: str | list, max_tokens: int, **extra) -> dict:
@@ -146,10 +149,21 @@ def probe_health(session: Session) -> str:
     return f"GET /health: {detail}"
 
 
-def probe_models(session: Session) -> str:
-    served = session.endpoint().models()
+class NoModelServed(SparkstackError):
+    """/v1/models lists nothing to ask."""
+
+
+def served_models(endpoint: Endpoint) -> list[str]:
+    """The ids /v1/models lists; the first is the one asked when no --model is given (verify, bench). An empty
+    list is an error naming the URL."""
+    served = endpoint.models()
     if not served:
-        raise CheckFailed("/v1/models lists no model")
+        raise NoModelServed(f"{endpoint.url}/v1/models lists no model (name one with --model)")
+    return served
+
+
+def probe_models(session: Session) -> str:
+    served = served_models(session.endpoint())
     if session.model is None:
         session.model = served[0]
         return f"asking {session.model} (the first of {len(served)} served)"
@@ -231,8 +245,9 @@ def probe_spec_decode(session: Session) -> str:
     if delta.drafts <= 0:
         raise CheckFailed(f"no drafts during a {r.output_tokens}-token answer: the drafter is not running")
     if delta.collapsed:
+        rejected = "every draft rejected" if delta.accepted == 0 else "nearly every draft rejected"
         raise CheckFailed(f"acceptance length {delta.acceptance_length:.2f} over {delta.drafts:g} drafts: "
-                          "every draft rejected (vLLM #53030)")
+                          f"{rejected} (vLLM #53030)")
     rates = "/".join(f"{p:.2f}" for p in delta.per_position)
     return (f"acceptance length {delta.acceptance_length:.2f} over {delta.drafts:g} drafts"
             + (f", per position {rates}" if rates else ""))

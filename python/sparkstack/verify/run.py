@@ -10,6 +10,13 @@ from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env
 from ..errors import SparkstackError, UsageError
 from .checks import CHECKS, Check, CheckFailed, OutOfTime, Session
 
+try:
+    from ..endpoint.client import printable
+except ImportError:  # TEMPORARY shim until the lead's endpoint.client.printable is on main; then delete this
+    def printable(text: str) -> str:
+        """`text` with every control character escaped (\\x1b...): server text must not drive the terminal."""
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 @dataclass(frozen=True)
 class VerifyPlan:
@@ -41,7 +48,7 @@ class Result:
     required: bool
 
     def line(self) -> str:
-        return check_line(self.status, self.check, self.detail)
+        return check_line(self.status, self.check, printable(self.detail))  # the detail quotes the server
 
     def to_json(self) -> dict:
         return {"check": self.check, "status": self.status, "detail": self.detail}
@@ -64,8 +71,7 @@ def run_verify(plan: VerifyPlan, api_key: str | None,
     try:
         for check in plan.checks:
             passed, detail = _run_one(check, session, plan.api_key_env)
-            if api_key:
-                detail = detail.replace(api_key, "***")  # a server may echo what it was sent
+            detail = mask_key(detail, api_key)
             result = Result(check.name, "pass" if passed else "fail" if check.required else "warn", detail,
                             check.required)
             if on_result:
@@ -74,6 +80,11 @@ def run_verify(plan: VerifyPlan, api_key: str | None,
     finally:
         endpoint.close()
     return tuple(results)
+
+
+def mask_key(text: str, api_key: str | None) -> str:
+    """`text` with the API key replaced by ***: a server may echo what it was sent into an error message."""
+    return text.replace(api_key, "***") if api_key else text
 
 
 def _run_one(check: Check, session: Session, api_key_env: str) -> tuple[bool, str]:
