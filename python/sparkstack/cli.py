@@ -1162,7 +1162,8 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
     from sparkstack.bench.report import settings_line, table
     from sparkstack.bench.run import run_bench
     from sparkstack.endpoint.client import Endpoint, check_key_env
-    from sparkstack.verify import mask_key, printable
+    from sparkstack.endpoint.client import printable
+    from sparkstack.verify import mask_key
 
     given = {"concurrency": concurrency, "rounds": rounds, "max_tokens": max_tokens, "temperature": temperature,
              "top_p": top_p}
@@ -1224,7 +1225,7 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
     from sparkstack.bench.compare import compare as compare_reports
     from sparkstack.bench.compare import table
     from sparkstack.bench.report import settings_line
-    from sparkstack.verify import printable
+    from sparkstack.endpoint.client import printable
 
     cmp = compare_reports(report_a, report_b)
     if cmp.settings_differ:

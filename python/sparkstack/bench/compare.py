@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..errors import SparkstackError
-from ..verify import printable
+from ..endpoint.client import printable
 from .plan import Settings
 from .report import RESULTS, ROUND_FIGURES, SPEC_RESULTS
 

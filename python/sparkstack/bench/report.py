@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..endpoint import metrics, stats
 from ..endpoint.client import StreamResult
-from ..verify import printable
+from ..endpoint.client import printable
 from .batch import Batch
 from .plan import Block, Settings
 

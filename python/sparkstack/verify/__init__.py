@@ -9,9 +9,8 @@ from .run import (
     VerifyPlan,
     mask_key,
     plan_verify,
-    printable,
     run_verify,
     verdict,
 )
 
-__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "mask_key", "plan_verify", "printable", "run_verify", "served_models", "verdict"]
+__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "mask_key", "plan_verify", "run_verify", "served_models", "verdict"]

@@ -6,17 +6,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..checkline import check_line
-from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env
+from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env, printable
 from ..errors import SparkstackError, UsageError
 from .checks import CHECKS, Check, CheckFailed, OutOfTime, Session
-
-try:
-    from ..endpoint.client import printable
-except ImportError:  # TEMPORARY shim until the lead's endpoint.client.printable is on main; then delete this
-    def printable(text: str) -> str:
-        """`text` with every control character escaped (\\x1b...): server text must not drive the terminal."""
-        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
 
 @dataclass(frozen=True)
 class VerifyPlan:
