@@ -64,8 +64,7 @@ def run_verify(plan: VerifyPlan, api_key: str | None,
     try:
         for check in plan.checks:
             passed, detail = _run_one(check, session, plan.api_key_env)
-            if api_key:
-                detail = detail.replace(api_key, "***")  # a server may echo what it was sent
+            detail = mask_key(detail, api_key)
             result = Result(check.name, "pass" if passed else "fail" if check.required else "warn", detail,
                             check.required)
             if on_result:
@@ -74,6 +73,11 @@ def run_verify(plan: VerifyPlan, api_key: str | None,
     finally:
         endpoint.close()
     return tuple(results)
+
+
+def mask_key(text: str, api_key: str | None) -> str:
+    """The text with the API key replaced by ***: a server may echo what it was sent."""
+    return text.replace(api_key, "***") if api_key else text
 
 
 def _run_one(check: Check, session: Session, api_key_env: str) -> tuple[bool, str]:
