@@ -86,7 +86,8 @@ class Behaviour:
     no_usage: bool = False                # ignore stream_options.include_usage
     no_mm: bool = False                   # refuse image parts, as vLLM does without chat_template_mm.jinja
     fffd: bool = False                    # a U+FFFD in every content (vLLM #54150's symptom)
-    metrics: str = "full"                 # "full", "no-spec" (no spec-decode counters) or "none" (404)
+    metrics: str = "full"                 # "full", "no-spec" (no spec-decode counters), "none" (404), "http500"
+                                          # or "garbage" (200 with text that is not Prometheus exposition)
     prefix_cache: bool = True             # a repeated prompt counts as prefix-cache hits
     busy: int = 0                         # requests reported running besides our own
     fail_every: int = 0                   # every n-th chat request answers HTTP 500
@@ -353,6 +354,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             healthy = self.engine.healthy()
             self._send(200 if healthy else 503, "" if healthy else '{"error": "engine starting"}')
+        elif self.path == "/metrics" and self.engine.b.metrics == "http500":
+            self._send(500, "Internal Server Error")
+        elif self.path == "/metrics" and self.engine.b.metrics == "garbage":
+            self._send(200, "<html>this { is not exposition\n", "text/plain")
         elif self.path == "/metrics":
             text = self.engine.metrics_text()
             if text is None:

@@ -426,3 +426,13 @@ def test_categories_split_on_commas_as_in_bench(tmp_path):
                           capture_output=True, text=True, timeout=WAIT_S, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plan"]["categories"] == ["code", "json", "prose"]
+
+
+def test_server_text_reaches_the_terminal_escaped(tmp_path):
+    """A model id carrying an OSC escape (it could retitle or hijack the terminal) is shown escaped."""
+    with serving(model="evil\x1b]0;pwned\x07") as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "10m", "--max-requests", "2",
+                                                  "--health-interval", "0.1", "--log", str(tmp_path / "s.jsonl")],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr and "(evil\\x1b]0;pwned\\x07)" in proc.stdout
