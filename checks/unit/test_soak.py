@@ -320,9 +320,9 @@ def test_the_key_comes_from_the_named_variable_and_reaches_every_request(tmp_pat
 
 
 def _plan(url, log, **given):
-    settings = dict(duration_s=60.0, concurrency=2, categories=("code",), window_s=60.0, max_requests=None,
-                    log=log, health_interval_s=0.1, dead_after_s=60.0, max_tokens=16, temperature=1.0, top_p=0.95,
-                    model=None, request_timeout_s=30.0)
+    settings = {"duration_s": 60.0, "concurrency": 2, "categories": ("code",), "window_s": 60.0,
+                "max_requests": None, "log": log, "health_interval_s": 0.1, "dead_after_s": 60.0, "max_tokens": 16,
+                "temperature": 1.0, "top_p": 0.95, "model": None, "request_timeout_s": 30.0}
     return build_plan(url, **{**settings, **given})
 
 
