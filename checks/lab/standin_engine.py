@@ -1,7 +1,7 @@
 """A STAND-IN for the vLLM engine, for the two-host lab and the unit tests. It serves no model.
 
 As a script (inside a lab container) it takes the engine's argv as vLLM would, and:
-- records its argv and environment as JSON to $STANDIN_RECORD (default /tmp/standin-record.json);
+- records its argv and environment (secrets as a sha256 prefix) as JSON to $STANDIN_RECORD (default /tmp/standin-record.json);
 - prints log lines like the engine's, including the boot lines launch looks for;
 - serves /health after $STANDIN_HEALTH_DELAY seconds, or never ("never"), or dies instead ("die");
 - as a headless rank, dies after $STANDIN_HEADLESS_DIE_AFTER seconds when that is set;
@@ -17,6 +17,7 @@ Only the Python standard library is used: it runs on any base with python3.
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -85,10 +86,12 @@ class Behaviour:
     no_usage: bool = False                # ignore stream_options.include_usage
     no_mm: bool = False                   # refuse image parts, as vLLM does without chat_template_mm.jinja
     fffd: bool = False                    # a U+FFFD in every content (vLLM #54150's symptom)
-    metrics: str = "full"                 # "full", "no-spec" (no spec-decode counters) or "none" (404)
+    metrics: str = "full"                 # "full", "no-spec" (no spec-decode counters), "none" (404), "http500"
+                                          # or "garbage" (200 with text that is not Prometheus exposition)
     prefix_cache: bool = True             # a repeated prompt counts as prefix-cache hits
     busy: int = 0                         # requests reported running besides our own
     fail_every: int = 0                   # every n-th chat request answers HTTP 500
+    echo_auth: bool = False               # that HTTP 500 echoes the Authorization header, as careless servers do
     malformed: bool = False               # streams send a chunk that is not JSON
     hang: bool = False                    # chat requests never answer
     counters: tuple = ()                  # (name, value) pairs the counters start from
@@ -351,6 +354,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             healthy = self.engine.healthy()
             self._send(200 if healthy else 503, "" if healthy else '{"error": "engine starting"}')
+        elif self.path == "/metrics" and self.engine.b.metrics == "http500":
+            self._send(500, "Internal Server Error")
+        elif self.path == "/metrics" and self.engine.b.metrics == "garbage":
+            self._send(200, "<html>this { is not exposition\n", "text/plain")
         elif self.path == "/metrics":
             text = self.engine.metrics_text()
             if text is None:
@@ -383,7 +390,8 @@ class Handler(BaseHTTPRequestHandler):
                 engine.stopping.wait()
                 return
             if engine.b.fail_every and number % engine.b.fail_every == 0:
-                self._error(500, "stand-in failure, as asked")
+                echo = f": bad key {self.headers.get('Authorization')}" if engine.b.echo_auth else ""
+                self._error(500, "stand-in failure, as asked" + echo)
             elif engine.b.no_mm and _has_image(body.get("messages")):
                 self._error(400, "the chat template has no image support")
             elif body.get("tools") and body.get("tool_choice", "auto") != "auto":
@@ -502,12 +510,19 @@ class Handler(BaseHTTPRequestHandler):
             raise ClientGone from None
 
 
+def redacted(env):
+    """The environment with secrets (names ending _KEY or _TOKEN) as a sha256 prefix: a test can still tell the
+    right value arrived, and /tmp never holds the secret."""
+    return {k: "sha256:" + hashlib.sha256(v.encode()).hexdigest()[:16] if k.endswith(("_KEY", "_TOKEN")) else v
+            for k, v in env.items()}
+
+
 def main():
     global HEALTH_DELAY
     record = os.environ.get("STANDIN_RECORD", "/tmp/standin-record.json")
     try:
         with open(record, "w") as f:
-            json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f, indent=1, sort_keys=True)
+            json.dump({"argv": sys.argv[1:], "env": redacted(os.environ)}, f, indent=1, sort_keys=True)
     except OSError as exc:
         log(f"could not record argv to {record}: {exc}")
     mode = os.environ.get("STANDIN_HEALTH_DELAY", "2")

@@ -1,5 +1,6 @@
 """launch in the two-host lab: worker first, then head, readiness, stop (also with the fabric down), failures."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -68,9 +69,12 @@ def test_launch_all_then_status_then_stop(launch_world):
         h_start = lab.head.docker("inspect", "--format", "{{.State.StartedAt}}", "glm53-tony-rank0").stdout.strip()
         assert w_start < h_start
         # The head's engine got the planned argv; the API key reached it through the environment only.
-        rec = json.loads(lab.head.docker("exec", "glm53-tony-rank0", "cat", "/tmp/standin-record.json").stdout)
+        raw = lab.head.docker("exec", "glm53-tony-rank0", "cat", "/tmp/standin-record.json").stdout
+        rec = json.loads(raw)
         assert rec["argv"][rec["argv"].index("--node-rank") + 1] == "0" and "--headless" not in rec["argv"]
-        assert rec["env"]["VLLM_API_KEY"] == "lab-key" and rec["env"]["NCCL_SOCKET_IFNAME"] == FABRIC_IF
+        # the stand-in records secrets as a sha256 prefix: the right key arrived, and /tmp never holds it
+        assert rec["env"]["VLLM_API_KEY"] == "sha256:" + hashlib.sha256(b"lab-key").hexdigest()[:16]
+        assert "lab-key" not in raw and rec["env"]["NCCL_SOCKET_IFNAME"] == FABRIC_IF
         record = json.loads(Path(out["record"]).read_text())
         assert "lab-key" not in Path(out["record"]).read_text()
         assert record["image_id"] == image["config_digest"] and len(record["ranks"]) == 2

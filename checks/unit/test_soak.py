@@ -15,10 +15,13 @@ import pytest
 import standins
 from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, Engine, serving, wait_for
+from sparkstack.bench import suite as bench_suite
+from sparkstack.endpoint.client import Endpoint
 from sparkstack.endpoint.metrics import SpecDelta
 from sparkstack.errors import UsageError
 from sparkstack.soak import report
-from sparkstack.soak.plan import container_watch, parse_duration
+from sparkstack.soak import run as soak_run
+from sparkstack.soak.plan import build_plan, container_watch, parse_duration
 
 WAIT_S = 60  # generous: a bound on how long a phase may take, never a measured figure
 
@@ -210,12 +213,13 @@ def test_dry_run_sends_nothing_and_writes_no_log(tmp_path):
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
-                                          ("0.5h", 1800), (" 2H ", 7200)])
+                                          ("0.5h", 1800), (" 2h ", 7200)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["90", "", "h", "2h2h", "1d", "-5s", "0s", "8d", "200h", "1e3s", "inf", "5 m"])
+@pytest.mark.parametrize("text", ["90", "", "h", "2h2h", "1d", "-5s", "0s", "8d", "200h", "1e3s", "inf", "5 m",
+                                  "1M", "2H", "\uff11m", "\u0661m"])  # units lower-case; digits ASCII only
 def test_nonsense_durations_are_refused(text):
     with pytest.raises(UsageError):
         parse_duration(text)
@@ -313,3 +317,122 @@ def test_the_key_comes_from_the_named_variable_and_reaches_every_request(tmp_pat
     assert json.loads(proc.stdout)["requests"]["ok"] == 3 and "sekrit" not in proc.stdout + proc.stderr
     assert [p for p, _ in seen].count("/v1/chat/completions") == 3 and {a for _, a in seen} == {"Bearer sekrit-key"}
     assert refused.returncode == 2 and "sekrit" not in refused.stderr and "NAME of an environment variable" in refused.stderr
+
+
+def _plan(url, log, **given):
+    settings = {"duration_s": 60.0, "concurrency": 2, "categories": ("code",), "window_s": 60.0,
+                "max_requests": None, "log": log, "health_interval_s": 0.1, "dead_after_s": 60.0, "max_tokens": 16,
+                "temperature": 1.0, "top_p": 0.95, "model": None, "request_timeout_s": 30.0}
+    return build_plan(url, **{**settings, **given})
+
+
+def test_an_unexpected_exception_is_that_requests_internal_error_and_the_streams_go_on(tmp_path, monkeypatch):
+    """Every other request raises what the client never should (the review's OverflowError of an index 1e999):
+    it is one `internal` error with one line of detail, and both streams go on to the cap."""
+    plain, calls = Endpoint.stream_chat, []
+
+    def odd(self, body):
+        calls.append(1)
+        if len(calls) % 2 == 0:
+            raise OverflowError("int too large to convert to float\nsecond line")
+        return plain(self, body)
+
+    monkeypatch.setattr(Endpoint, "stream_chat", odd)
+    with serving(step_delay=0.001) as engine:
+        outcome = soak_run.run(_plan(engine.url, tmp_path / "soak.jsonl", max_requests=8), bench_suite.load(), None)
+    s = outcome.summary
+    assert s["ended"] == "cap" and outcome.message == ""
+    assert s["errors"] == {"internal": 4} and s["requests"] == {"issued": 8, "finished": 8, "ok": 4,
+                                                                "abandoned_in_flight": 0}
+    internal = [r for r in of_type(log_records(tmp_path / "soak.jsonl"), "request") if r["error"]]
+    assert [r["detail"] for r in internal] == ["OverflowError: int too large to convert to float\nsecond line"] * 4
+
+
+def test_streams_that_all_die_end_the_soak_with_one_line(tmp_path, monkeypatch):
+    """A stream dies only when it cannot log (here: every request line fails to write); with none left the soak
+    ends at once, not at its duration, and says why."""
+    plain = soak_run.Log.write
+
+    def write(self, record, sync=False):
+        if record["type"] == "request":
+            raise OSError(28, "No space left on device")
+        plain(self, record, sync)
+
+    monkeypatch.setattr(soak_run.Log, "write", write)
+    with serving(step_delay=0.001) as engine:
+        outcome = soak_run.run(_plan(engine.url, tmp_path / "soak.jsonl", duration_s=3600.0), bench_suite.load(),
+                               None)
+    assert outcome.ended == "streams" and outcome.summary["elapsed_s"] < 3600
+    assert outcome.message.startswith("every request stream failed (stream ")
+    assert "OSError: [Errno 28] No space left on device" in outcome.message and str(tmp_path) in outcome.message
+    assert "ended: every request stream failed" in report.summary_lines(outcome.summary)[0]
+
+
+def test_a_soak_where_nothing_succeeded_exits_1(tmp_path):
+    with serving(fail_every=1) as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "10m", "--max-requests", "4",
+                                                  "--health-interval", "0.1", "--log", str(tmp_path / "s.jsonl")],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "errors by kind: http_500 4" in proc.stdout
+    assert proc.stderr.splitlines()[-1].startswith("sparkstack: error: no request succeeded (errors by kind: "
+                                                   "http_500 4)")
+
+
+def test_the_drain_is_outside_every_window(tmp_path):
+    """Requests still running at the end (each takes at least 4 steps of 1 s; the soak lasts 1 s) finish in the
+    drain: logged and counted, but in no window, so the last window ends at the duration, not the drain's end."""
+    log = tmp_path / "soak.jsonl"
+    with serving(step_delay=1.0, accept_pattern=(2, 1), cycles=2) as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "1s", "--concurrency", "2",
+                                                  "--health-interval", "0.1", "--log", str(log), "--json"],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    records = log_records(log)
+    windows = of_type(records, "window")
+    drained = [r for r in of_type(records, "request") if r.get("drained")]
+    assert s["drained"]["requests"] == len(drained) == s["requests"]["finished"] == s["requests"]["issued"] >= 1
+    assert s["drained"]["ok"] == len(drained) and s["drained"]["output_tokens"] == s["tokens_served"]
+    assert sum(w["requests"] for w in windows) == 0 and sum(w["output_tokens"] for w in windows) == 0
+    assert windows[-1]["t_end"] < s["elapsed_s"] and s["drained"]["seconds"] > 0
+
+
+def test_a_key_the_server_echoes_is_masked_in_the_log_and_the_output(tmp_path):
+    log = tmp_path / "soak.jsonl"
+    with serving(api_key="sk-SECRET-123", fail_every=2, echo_auth=True) as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "10m", "--max-requests", "4",
+                                                  "--health-interval", "0.1", "--log", str(log)],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False,
+                              env=dict(os.environ, VLLM_API_KEY="sk-SECRET-123"))
+    assert proc.returncode == 0, proc.stderr
+    assert "SECRET" not in log.read_text() + proc.stdout + proc.stderr
+    failed = [r for r in of_type(log_records(log), "request") if r["error"]]
+    assert len(failed) == 2 and all(r["detail"].endswith("bad key Bearer ***") for r in failed)
+
+
+@pytest.mark.parametrize("args,says", [(["--top-p", "0"], "must be in (0, 1]"),
+                                       (["--duration", "1M"], "is not a duration"),
+                                       (["--duration", "\uff11m"], "is not a duration")])
+def test_soak_options_are_refused_as_bench_refuses_them(tmp_path, args, says):
+    argv = ["soak", "http://127.0.0.1:9", "--duration", "1m", "--log", str(tmp_path / "s.jsonl"), "--dry-run", *args]
+    proc = subprocess.run(sparkstack_cmd() + argv, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_categories_split_on_commas_as_in_bench(tmp_path):
+    proc = subprocess.run(sparkstack_cmd() + ["soak", "http://127.0.0.1:9", "--duration", "1m", "--category",
+                                              "code,json", "--category", "prose", "--dry-run", "--json"],
+                          capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["plan"]["categories"] == ["code", "json", "prose"]
+
+
+def test_server_text_reaches_the_terminal_escaped(tmp_path):
+    """A model id carrying an OSC escape (it could retitle or hijack the terminal) is shown escaped."""
+    with serving(model="evil\x1b]0;pwned\x07") as engine:
+        proc = subprocess.run(sparkstack_cmd() + ["soak", engine.url, "--duration", "10m", "--max-requests", "2",
+                                                  "--health-interval", "0.1", "--log", str(tmp_path / "s.jsonl")],
+                              capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr and "(evil\\x1b]0;pwned\\x07)" in proc.stdout

@@ -1,7 +1,9 @@
 """`sparkstack top` against the in-process stand-in engine: exact figures from counters the test sets and from
 the activity it drives between top's two reads; missing metrics as n/a; the live screen read back from tmux."""
 
+import io
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -13,7 +15,7 @@ from inprocess_engine import serving, wait_for
 from sparkstack.endpoint import metrics
 from sparkstack.endpoint.client import Endpoint
 from sparkstack.top.sample import History
-from sparkstack.top.view import sparkline
+from sparkstack.top.view import screen, sparkline
 
 WAIT_S = 60
 PROMPT = "the same prompt, sent twice: the second time every token of it is a prefix-cache hit"
@@ -199,3 +201,56 @@ def test_the_live_screen_in_a_terminal(tmp_path):
     assert set(rows["acceptance length"][2]) == {"▅"}
     assert [set(rows[f"position {i}"][2]) for i in range(1, 5)] == [{"█"}, {"█"}, {"▁"}, {"▁"}]
     assert status in ("0", "130", "sig2", "unknown") and "Traceback" not in after, (status, after)
+
+
+def test_nan_and_inf_figures_are_na_on_screen_in_json_and_in_the_kv_pool():
+    h = History()
+    for at, odd in ((0.0, math.nan), (2.0, math.inf)):
+        h.add(metrics.Scrape(at, {metrics.KV_USAGE[0]: odd, metrics.RUNNING: odd, metrics.GENERATION_TOKENS: odd,
+                                  metrics.PREEMPTIONS: 3.0}, {}))
+    doc = h.sample().to_json()
+    json.dumps(doc, allow_nan=False)  # no NaN or Infinity in --json
+    assert doc["kv_cache_usage"] is None and doc["running"] is None and doc["generation_tokens"]["per_s"] is None
+    assert doc["preemptions"]["total"] == 3
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=160).print(screen("http://x", 2.0, h, "ok", 1000, ""))
+    rows = {line.split("│")[1].strip(): line for line in out.getvalue().splitlines() if line.count("│") >= 5}
+    assert "n/a" in rows["KV cache usage"] and "pool 1,000 tokens" in rows["KV cache usage"]
+    assert "nan" not in out.getvalue().lower() and "inf" not in out.getvalue().lower()
+
+
+@pytest.mark.parametrize("mode,says", [("http500", "/metrics: HTTP 500"),
+                                       ("garbage", "/metrics is not Prometheus text exposition")])
+def test_once_with_a_failing_metrics_endpoint_is_a_state_and_na(mode, says):
+    """A server that answers /metrics with an error or with garbage is reachable: --once shows the state and
+    n/a figures and exits 0 (as for a server without /metrics); only a server that does not answer exits 1."""
+    with serving(metrics=mode) as engine:
+        url = engine.url
+        proc = top(engine.url, "--once", "--json", "--interval", "0.2")
+        shown = top(engine.url, "--once", "--interval", "0.2", env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["state"].startswith(f"{url}{says}")
+    assert doc["state"].endswith(": every figure is n/a") and doc["running"] is None
+    assert shown.returncode == 0 and says in shown.stdout and "Traceback" not in shown.stderr
+
+
+def test_follow_json_lines_have_null_figures_while_unreachable():
+    with serving(busy=16) as engine:
+        proc = subprocess.Popen(sparkstack_cmd() + ["top", engine.url, "--json", "--interval", "0.1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = json.loads(proc.stdout.readline())
+            assert first["state"] == "ok" and first["running"] == 16
+            engine.stop()
+            while True:  # lines until a read fails
+                doc = json.loads(proc.stdout.readline())
+                if doc["state"] != "ok":
+                    break
+        finally:
+            proc.kill()
+            proc.communicate()
+    assert doc["state"].startswith("unreachable: ")
+    assert doc["running"] is None and doc["kv_cache_usage"] is None and doc["preemptions"]["total"] is None

@@ -943,6 +943,11 @@ def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
 # ---------------------------------------------------------------- soak / top
 
 
+def _category_names(given: tuple[str, ...]) -> tuple[str, ...]:
+    """--category values, each possibly a comma-separated list (code,json), as one tuple of names."""
+    return tuple(n.strip() for c in given for n in c.split(",") if n.strip())
+
+
 class Duration(click.ParamType):
     """90s, 30m, 2h, 1h30m: a bare number or a nonsense unit is a usage error."""
 
@@ -961,7 +966,8 @@ class Duration(click.ParamType):
 @click.argument("url")
 @click.option("--duration", type=Duration(), required=True, help="How long to soak: 90s, 30m, 2h, 1h30m (at most 7 days).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Concurrent streams.")
-@click.option("--category", "categories", multiple=True, help="Suite category (repeatable; default: all of them, in turn).")
+@click.option("--category", "categories", multiple=True,
+              help="Suite category (repeatable or comma-separated; default: all of them, in turn).")
 @click.option("--window", type=Duration(), default="60s", show_default=True, help="Length of one logged window.")
 @click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
               help="The JSONL log, created new (default: ./soak-<UTC time>.jsonl).")
@@ -1004,7 +1010,7 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
         launch_plan = build_plan(load_recipe(recipe), os.environ)
     log_path = log_path or Path(time.strftime("soak-%Y%m%dT%H%M%SZ.jsonl", time.gmtime()))
     plan = soak_plan.build_plan(
-        base_url(url), duration_s=duration, concurrency=concurrency, categories=suite.check_categories(categories),
+        base_url(url), duration_s=duration, concurrency=concurrency, categories=suite.check_categories(_category_names(categories)),
         window_s=window, max_requests=max_requests, log=log_path, health_interval_s=health_interval,
         dead_after_s=dead_after, max_tokens=max_tokens, temperature=temperature, top_p=top_p, model=model,
         request_timeout_s=timeout, launch_plan=launch_plan)
@@ -1029,7 +1035,7 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
     if outcome.ended == "interrupted":
         click.echo(f"sparkstack: interrupted: the summary so far is above; the log is kept at {plan.log}", err=True)
         sys.exit(130)
-    if outcome.ended == "dead":
+    if outcome.message:
         _fail(outcome.message)
 
 
@@ -1060,7 +1066,8 @@ def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
     ep = Endpoint(url, api_key, timeout=max(5.0, interval))
 
     def document(history, state):
-        return {"url": url, "state": state, "kv_pool_tokens": pool, **history.sample().to_json()}
+        # a failed read has no figures: null, not the last read's
+        return {"url": url, "state": state, "kv_pool_tokens": pool, **history.sample(fresh=state == "ok").to_json()}
 
     if once:
         history, state = watch.once(ep, interval)
@@ -1167,8 +1174,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
 
     given = {"concurrency": concurrency, "rounds": rounds, "max_tokens": max_tokens, "temperature": temperature,
              "top_p": top_p}
-    names = tuple(n.strip() for c in categories for n in c.split(",") if n.strip())
-    plan = make_plan(url, categories=names, model=model, **{k: v for k, v in given.items() if v is not None})
+    plan = make_plan(url, categories=_category_names(categories), model=model, **{k: v for k, v in given.items() if v is not None})
     check_key_env(api_key_env)
     if plot is not None:
         check_destination(plot)

@@ -18,9 +18,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in `90s`, `30m`, `2h`, `1h30m`, `0.5h`; anything else (a bare number included) is a usage error."""
-    raw = text.strip().lower()
-    parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", raw)
+    """Seconds in `90s`, `30m`, `2h`, `1h30m`, `0.5h` (ASCII digits, lower-case units); anything else (a bare
+    number, `1M`, full-width digits) is a usage error."""
+    raw = text.strip()
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)([smh])", raw)
     if not raw or not parts or "".join(n + u for n, u in parts) != raw or len({u for _, u in parts}) != len(parts):
         raise UsageError(f"{text!r} is not a duration: say e.g. 90s, 30m, 2h or 1h30m")
     seconds = sum(float(n) * UNITS[u] for n, u in parts)
@@ -112,6 +113,8 @@ def build_plan(url: str, *, duration_s: float, concurrency: int, categories: tup
                max_requests: int | None, log: Path, health_interval_s: float, dead_after_s: float, max_tokens: int,
                temperature: float, top_p: float, model: str | None, request_timeout_s: float,
                launch_plan=None) -> SoakPlan:
+    if not 0 < top_p <= 1:  # as bench: top_p 0 keeps no token
+        raise UsageError(f"--top-p {top_p:g}: must be in (0, 1]")
     window_s = min(window_s, duration_s)
     if health_interval_s > window_s:
         raise UsageError("--health-interval must not be longer than --window")

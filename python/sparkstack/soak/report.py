@@ -5,18 +5,17 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+from ..endpoint.client import printable
 from ..endpoint.metrics import SpecDelta
 from ..endpoint.stats import mean, percentile, spread
+from ..units import ms
+from ..units import rounded as _r
 from .plan import human_duration
 
 QUANTILES = (50, 90, 99)
 HOUR_S = 3600.0
 ENDINGS = {"duration": "ran its duration", "cap": "reached its request cap", "interrupted": "interrupted",
-           "dead": "ended: the server is down"}
-
-
-def _r(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
+           "dead": "ended: the server is down", "streams": "ended: every request stream failed"}
 
 
 def quantiles(values: list[float]) -> dict[str, float | None]:
@@ -104,7 +103,10 @@ def trend(windows: list[dict]) -> dict | None:
 
 def summarize(*, plan_doc: dict, model: str, ended: str, end_detail: str, elapsed_s: float, windows: list[dict],
               requests: int, errors: Counter, tokens: int, issued: int, abandoned: int, flaps: int,
-              down_s: float, restarts: list[dict]) -> dict:
+              down_s: float, restarts: list[dict], drained: list[dict] = (), drain_s: float = 0.0) -> dict:
+    """The whole soak. `drained`: requests that finished after the last window closed (in flight at the end);
+    they count in the totals but in no window."""
+    drained_ok = [r for r in drained if r["error"] is None]
     return {
         "url": plan_doc["url"], "model": model, "ended": ended, "end_detail": end_detail,
         "elapsed_s": _r(elapsed_s, 3), "log": plan_doc["log"], "max_requests": plan_doc["max_requests"],
@@ -112,6 +114,8 @@ def summarize(*, plan_doc: dict, model: str, ended: str, end_detail: str, elapse
                      "abandoned_in_flight": abandoned},
         "errors": dict(sorted(errors.items())),
         "tokens_served": tokens,
+        "drained": {"requests": len(drained), "ok": len(drained_ok),
+                    "output_tokens": sum(r["output_tokens"] for r in drained_ok), "seconds": _r(drain_s, 3)},
         "health": {"flaps": flaps, "down_s": _r(down_s, 3)},
         "restarts": {"count": len(restarts), "signals": restarts},
         "trend": trend(windows),
@@ -125,7 +129,7 @@ def _f(value, fmt: str = ".3f", unit: str = "") -> str:
 
 
 def _ms(q: dict) -> str:
-    return "/".join("n/a" if q[f"p{p}"] is None else f"{q[f'p{p}'] * 1000:.0f}" for p in QUANTILES)
+    return "/".join(ms(q[f"p{p}"]) for p in QUANTILES)
 
 
 def window_line(w: dict) -> str:
@@ -138,16 +142,23 @@ def window_line(w: dict) -> str:
             + (f", {w['restarts']} restarts" if w["restarts"] else ""))
 
 
+def error_counts(errors: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in errors.items()) or "none"
+
+
 def summary_lines(s: dict) -> list[str]:
     req = s["requests"]
-    errors = ", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "none"
+    errors = error_counts(s["errors"])
     lines = [
-        f"soak of {s['url']} ({s['model']}): {ENDINGS[s['ended']]} after {human_duration(s['elapsed_s'])}"
-        + (f" ({s['end_detail']})" if s["end_detail"] else ""),
+        f"soak of {s['url']} ({printable(s['model'])}): {ENDINGS[s['ended']]} after {human_duration(s['elapsed_s'])}"
+        + (f" ({printable(s['end_detail'])})" if s["end_detail"] else ""),
         f"requests: {req['finished']:,} finished of {req['issued']:,} sent (cap {s['max_requests']:,}), "
         f"{req['ok']:,} ok" + (f", {req['abandoned_in_flight']} in flight abandoned" if req["abandoned_in_flight"] else ""),
         f"errors by kind: {errors}",
         f"tokens served: {s['tokens_served']:,}",
+        *([(f"drained after the end: {s['drained']['requests']} requests in flight finished in "
+            f"{s['drained']['seconds']:.1f} s ({s['drained']['ok']} ok; in the totals, in no window)")]
+          if s["drained"]["requests"] else []),
         f"health: {s['health']['flaps']} flaps ({s['health']['down_s']:.1f} s unhealthy); "
         f"restarts: {s['restarts']['count']}"
         + "".join(f"; at {r['t']:.1f} s: {r['signal']}" for r in s["restarts"]["signals"]),

@@ -19,8 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..endpoint import metrics
-from ..endpoint.client import Endpoint, EndpointError
+from ..endpoint.client import Endpoint, EndpointError, printable
 from ..errors import SparkstackError
+from ..verify.run import mask_key
 from . import report
 from .plan import SoakPlan
 
@@ -72,8 +73,8 @@ class _Window:
 @dataclass(frozen=True)
 class Outcome:
     summary: dict
-    ended: str       # duration, cap, interrupted, dead
-    message: str     # for `dead`: the one line to end with
+    ended: str       # duration, cap, interrupted, dead, streams
+    message: str     # when the soak failed (dead, every stream failed, nothing succeeded): the one line to end with
 
 
 class Soak:
@@ -85,7 +86,11 @@ class Soak:
         self.stopping = False
         self.abandoned = False
         self.issued = self.inflight = 0
-        self.finished = self.tokens = 0
+        self.finished = self.ok = self.tokens = 0
+        self.streams_alive = plan.concurrency
+        self.stream_failures: list[str] = []
+        self.draining = False
+        self.drained: list[dict] = []  # requests that finished after the last window closed
         self.errors: Counter = Counter()
         self.pause = threading.Event()  # set at the end: wakes streams waiting out ERROR_PAUSE_S
         self.salt = uuid.uuid4().hex[:12]
@@ -107,7 +112,7 @@ class Soak:
         ok, detail = self.watcher.health()
         if not ok:
             where = "" if detail.startswith(self.plan.url) else f"{self.plan.url}/health: "  # connect errors name it
-            raise SparkstackError(f"{where}{detail}: no healthy server to soak")
+            raise SparkstackError(f"{where}{printable(mask_key(detail, self.api_key))}: no healthy server to soak")
         if self.model is None:
             names = self.watcher.models()
             if not names:
@@ -127,44 +132,60 @@ class Soak:
 
     # ---- the request streams
     def _stream(self, number: int) -> None:
-        p = self.plan
-        cats = p.categories
-        ep = Endpoint(p.url, self.api_key, timeout=p.request_timeout_s)
+        """One stream of requests. Whatever one request raises is that request's error; should the stream
+        itself fail (its log line cannot be written), it says so in one line and the supervisor counts it out."""
+        ep = Endpoint(self.plan.url, self.api_key, timeout=self.plan.request_timeout_s)
         try:
-            while True:
-                with self.cond:
-                    while not self.stopping and not self.gate_open:
-                        self.cond.wait()
-                    if self.stopping or self.issued >= p.max_requests:
-                        return
-                    n = self.issued
-                    self.issued += 1
-                    self.inflight += 1
-                cat = cats[n % len(cats)]
-                body = self.suite.body(cat, n // len(cats), f"soak-{self.salt}-{n}", model=self.model,
-                                       max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p)
-                record = {"type": "request", "n": n, "stream": number, "category": cat, "t_start": self._t()}
-                try:
-                    fields = report.request_fields(ep.stream_chat(body))
-                except EndpointError as exc:
-                    fields = {"error": exc.kind, "detail": str(exc)}
-                record = {**record, "t_end": self._t(), **fields}
-                with self.cond:
-                    self.inflight -= 1
-                    if self.abandoned:
-                        return
-                    self.finished += 1
-                    if record["error"]:
-                        self.errors[record["error"]] += 1
-                    else:
-                        self.tokens += record["output_tokens"]
-                    self.window.requests.append(record)
-                    self.log.write(record)
-                    self.cond.notify_all()
-                if record["error"]:
-                    self.pause.wait(ERROR_PAUSE_S)
+            self._requests(number, ep)
+        except Exception as exc:  # noqa: BLE001 - a stream ends with one line, never a thread traceback
+            with self.cond:
+                self.stream_failures.append(f"stream {number}: {type(exc).__name__}: {exc}")
         finally:
             ep.close()
+            with self.cond:
+                self.streams_alive -= 1
+                self.cond.notify_all()
+
+    def _requests(self, number: int, ep: Endpoint) -> None:
+        p = self.plan
+        cats = p.categories
+        while True:
+            with self.cond:
+                while not self.stopping and not self.gate_open:
+                    self.cond.wait()
+                if self.stopping or self.issued >= p.max_requests:
+                    return
+                n = self.issued
+                self.issued += 1
+                self.inflight += 1
+            cat = cats[n % len(cats)]
+            record = {"type": "request", "n": n, "stream": number, "category": cat, "t_start": self._t()}
+            try:
+                body = self.suite.body(cat, n // len(cats), f"soak-{self.salt}-{n}", model=self.model,
+                                       max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p)
+                fields = report.request_fields(ep.stream_chat(body))
+            except EndpointError as exc:
+                fields = {"error": exc.kind, "detail": mask_key(str(exc), self.api_key)}
+            except Exception as exc:  # noqa: BLE001 - an odd answer is this request's error, not the stream's end
+                fields = {"error": "internal", "detail": mask_key(f"{type(exc).__name__}: {exc}", self.api_key)}
+            record = {**record, "t_end": self._t(), **fields}
+            with self.cond:
+                self.inflight -= 1
+                if self.abandoned:
+                    return
+                if self.draining:
+                    record["drained"] = True
+                self.finished += 1
+                if record["error"]:
+                    self.errors[record["error"]] += 1
+                else:
+                    self.ok += 1
+                    self.tokens += record["output_tokens"]
+                (self.drained if self.draining else self.window.requests).append(record)
+                self.log.write(record)
+                self.cond.notify_all()
+            if record["error"]:
+                self.pause.wait(ERROR_PAUSE_S)
 
     # ---- the supervisor's tick: /health, /metrics, the gate
     def _scrape(self):
@@ -216,7 +237,7 @@ class Soak:
                 self.window.flaps += 1
                 self.down_since = now
             # in_flight: requests that started before the gate closed and will still be logged
-            self.log.write({"type": "health", "t": self._t(), "ok": ok, "detail": detail,
+            self.log.write({"type": "health", "t": self._t(), "ok": ok, "detail": mask_key(detail, self.api_key),
                             "in_flight": self.inflight}, sync=True)
             self.cond.notify_all()
 
@@ -246,12 +267,18 @@ class Soak:
                 self._restart(f"container {self.plan.container.name} start time moved by {started - before:.0f} s")
         self.counter_restarts_unchecked = 0
 
-    def _close_window(self) -> None:
+    def _close_window(self, last: bool = False) -> None:
+        """Close the open window. The `last` one ends the windows: requests finishing after it are drained ones,
+        logged and counted but in no window, so the drain does not stretch the last window's rates."""
         if self.plan.container:
             self._check_container()
         now = self.clock() - self.t0
         with self.cond:
             w = self.window
+            if last:
+                self.draining = True
+                if not (w.requests or w.polls or not self.windows):
+                    return
             record = report.window_record(len(self.windows), w.start, now, w.requests, w.deltas, w.kv, w.polls,
                                           w.healthy, w.flaps, w.restarts)
             self.log.write(record, sync=True)
@@ -267,6 +294,7 @@ class Soak:
         for s in streams:
             s.start()
         ended, detail, message = "duration", "", ""
+        drain_s = 0.0
         try:
             next_tick, window_end, end_at = (self.t0 + p.health_interval_s, self.t0 + p.window_s,
                                              self.t0 + p.duration_s)
@@ -289,7 +317,15 @@ class Soak:
                     if self.issued >= p.max_requests and self.inflight == 0:
                         ended, detail = "cap", f"all {p.max_requests:,} requests of the hard cap sent"
                         break
+                    if not self.streams_alive:
+                        ended, detail = "streams", self.stream_failures[0] if self.stream_failures else ""
+                        message = (f"every request stream failed ({detail}); the summary so far is above, "
+                                   f"the log is kept at {p.log}")
+                        break
+            self._close_window(last=True)
+            drain_from = self.clock()
             self._drain()
+            drain_s = self.clock() - drain_from
         except KeyboardInterrupt:
             ended, detail = "interrupted", "Ctrl-C"
             with self.cond:
@@ -299,21 +335,25 @@ class Soak:
         self.pause.set()
         if self.down_since is not None:
             self.down_s += self.clock() - self.down_since
-        if self.window.requests or self.window.polls or not self.windows:
-            self._close_window()
+        if not self.draining:
+            self._close_window(last=True)
         summary = report.summarize(
             plan_doc=p.to_json(), model=self.model, ended=ended, end_detail=detail,
             elapsed_s=self.clock() - self.t0, windows=self.windows, requests=self.finished, errors=self.errors,
             tokens=self.tokens, issued=self.issued, abandoned=abandoned, flaps=self.flaps, down_s=self.down_s,
-            restarts=self.restarts)
+            restarts=self.restarts, drained=self.drained, drain_s=drain_s)
+        if not message and ended != "interrupted" and not self.ok:
+            message = (f"no request succeeded (errors by kind: {report.error_counts(summary['errors'])}); "
+                       f"the log is kept at {p.log}")
         self.log.write({"type": "summary", **summary}, sync=True)
         self.log.close()
         self.watcher.close()
         return Outcome(summary, ended, message)
 
     def _drain(self) -> None:
-        """Stop sending; give requests in flight DRAIN_S to finish (they are logged), then abandon the rest."""
-        deadline = self.clock() + DRAIN_S
+        """Stop sending; give requests in flight DRAIN_S, or --timeout when shorter, to finish (they are logged),
+        then abandon the rest."""
+        deadline = self.clock() + min(DRAIN_S, self.plan.request_timeout_s)
         with self.cond:
             self.stopping = True
             self.cond.notify_all()

@@ -2,7 +2,8 @@
 
 Rates need two scrapes: generation tokens/s and the prefix-cache hit rate (delta hits / delta queries, FACTS §7)
 come from the last two; acceptance length and per-position rates from the oldest scrape of the last minute and
-the newest. Any metric the engine does not export is None ("n/a" on screen), never an error.
+the newest. Any metric the engine does not export, or exports as NaN or Inf, is None ("n/a" on screen, null in
+JSON), never an error.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..endpoint import metrics
+from ..units import finite, rounded
 
 MINUTE_S = 60.0
 
@@ -51,9 +53,7 @@ class Sample:
     restarts_seen: int
 
     def to_json(self) -> dict:
-        def r(v, digits=4):
-            return None if v is None else round(v, digits)
-
+        r = rounded
         return {
             "running": self.running, "waiting": self.waiting,
             "generation_tokens": {"per_s": r(self.generation_tok_s, 3), "delta": self.generation_tokens_delta,
@@ -87,10 +87,14 @@ class History:
         while len(self.scrapes) > 2 and self.scrapes[1].at <= scrape.at - self.minute_s:
             self.scrapes.popleft()
 
-    def sample(self) -> Sample:
-        """The figures now; all None before the first scrape, and the rates None before the second."""
-        if not self.scrapes:
+    def sample(self, fresh: bool = True) -> Sample:
+        """The figures now; all None before the first scrape, or when the last read failed (not `fresh`: the
+        figures before it are not the figures now), and the rates None before the second."""
+        if not self.scrapes or not fresh:
             return Sample(*([None] * (len(dataclasses.fields(Sample)) - 1)), restarts_seen=self.restarts_seen)
+        return _finite(self._sample())
+
+    def _sample(self) -> Sample:
         first, last = self.scrapes[0], self.scrapes[-1]
         prev = self.scrapes[-2] if len(self.scrapes) > 1 else None
         spec = metrics.spec_delta(first, last) if prev else None
@@ -127,4 +131,13 @@ class History:
         }
         for i in range(width):
             out[f"position_{i}"] = [s.per_position[i] if s and i < len(s.per_position) else None for s in spec]
-        return out
+        return {name: [finite(v) for v in values] for name, values in out.items()}
+
+
+def _finite(s: Sample) -> Sample:
+    """The sample with every NaN or Inf figure as None: no figure on screen, in JSON or in the KV pool maths."""
+    def clean(value):
+        return tuple(map(finite, value)) if isinstance(value, tuple) else finite(value)
+
+    return dataclasses.replace(s, **{f.name: clean(getattr(s, f.name)) for f in dataclasses.fields(s)
+                                     if f.name != "restarts_seen"})

@@ -41,7 +41,7 @@ def _n(value, fmt: str) -> str:
 
 def screen(url: str, interval_s: float, history: History, state: str, kv_pool_tokens: int | None,
            pool_note: str, live: bool = False) -> Table:
-    s = history.sample()
+    s = history.sample(fresh=state == "ok")
     series = history.series()
     table = Table(title=f"sparkstack top  {url}  every {interval_s:g} s  {time.strftime('%H:%M:%S')}",
                   title_justify="left", caption=_caption(state, history, s, live), caption_justify="left")

@@ -6,17 +6,24 @@ import os
 import time
 from collections.abc import Iterator
 
-from ..endpoint.client import Endpoint
+from ..endpoint.client import Endpoint, EndpointError, printable
 from ..errors import SparkstackError
 from .sample import History
 
+UNREACHABLE = ("connect", "timeout")  # EndpointError kinds where nothing answered
+
 
 def read(ep: Endpoint, history: History) -> str:
-    """One scrape into the history; the state to show ("ok", or why there was nothing to read)."""
+    """One scrape into the history; the state to show ("ok", or why there was nothing to read). A server that
+    answers /metrics with an HTTP error or with text that is not Prometheus is reachable: its figures are n/a."""
     try:
         scrape = ep.scrape()
-    except SparkstackError as exc:
-        return f"unreachable: {exc}"
+    except EndpointError as exc:
+        if exc.kind in UNREACHABLE:
+            return f"unreachable: {printable(exc)}"
+        return f"{printable(exc)}: every figure is n/a"
+    except SparkstackError as exc:  # not Prometheus text
+        return f"{ep.url}{printable(exc)}: every figure is n/a"
     if scrape is None:
         return f"{ep.url}/metrics: not found (404): every figure is n/a"
     history.add(scrape)
@@ -25,7 +32,7 @@ def read(ep: Endpoint, history: History) -> str:
 
 def once(ep: Endpoint, interval_s: float) -> tuple[History, str]:
     """Two scrapes `interval_s` apart: rates need two. A server that cannot be reached is one error line; one
-    without /metrics gives a sample of n/a."""
+    without /metrics, or whose /metrics fails or is not Prometheus text, gives a sample of n/a and its state."""
     history = History()
     state = "ok"
     for i in range(2):

@@ -1,0 +1,23 @@
+"""Figures rounded and formatted one way for every report: never a NaN or an Infinity (JSON has neither, and
+a screen should say n/a), seconds shown as milliseconds."""
+
+from __future__ import annotations
+
+import math
+
+
+def finite(value: float | None) -> float | None:
+    """The value, or None when it is missing or not finite (NaN, Inf): a figure that cannot be shown."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def rounded(value: float | None, digits: int = 4) -> float | None:
+    """The value rounded to `digits`; None when missing or not finite."""
+    value = finite(value)
+    return None if value is None else round(value, digits)
+
+
+def ms(seconds: float | None, digits: int = 0, missing: str = "n/a") -> str:
+    """Seconds as milliseconds, `digits` after the point; `missing` when missing or not finite."""
+    seconds = finite(seconds)
+    return missing if seconds is None else f"{seconds * 1000:.{digits}f}"
