@@ -92,7 +92,8 @@ class HubStandin:
     {"drop_once": path} ends the first GET of that file's body half way, by closing the connection;
     {"missing": path} answers 404 EntryNotFound for that file, though the listing names it;
     {"info_sha": value} puts that value as the commit in every model_info answer;
-    {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set.
+    {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set;
+    {"etag": value} names every file's blob `value` in the HEAD answer (X-Linked-Etag for LFS files, else ETag).
     `token`: when set, every request must carry `Authorization: Bearer <token>` (else 401)."""
 
     def __init__(self, repos: dict[str, HubRepo], token: str | None = None) -> None:
@@ -230,6 +231,8 @@ class HubStandin:
                          "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
                 if is_lfs(file):
                     names.update({"X-Linked-Etag": f'"{blob_name(file, data)}"', "X-Linked-Size": str(len(data))})
+                if "etag" in standin.faults:  # a hostile hub: a blob name that is a path
+                    names["X-Linked-Etag" if is_lfs(file) else "ETag"] = f'"{standin.faults["etag"]}"'
                 if standin.faults.get("corrupt") == file:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 start = 0

@@ -34,6 +34,25 @@ def test_a_listed_path_outside_the_snapshot_is_refused(run_cli, world, bad_path)
     assert world["hub"].requests("get") == [] and not (world["tmp"] / "hf").exists()
 
 
+def tree(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("escape", ["absolute", "relative"])
+def test_a_blob_name_that_is_a_path_is_refused_before_anything_is_written(run_cli, world, escape):
+    """huggingface_hub joins the HEAD's ETag into the blob path unchecked: a hostile hub could write anywhere."""
+    target = world["tmp"] / "outside" / "PWNED"
+    etag = str(target) if escape == "absolute" else "../" * 40 + str(target).lstrip("/")
+    world["hub"].faults["etag"] = etag
+    recipe = pinned(world)
+    before = tree(world["tmp"])
+    line = one_line(run_cli("fetch", "--recipe", recipe, env=world["env"]))
+    assert "names its blob" in line and "nothing written" in line
+    assert not (world["tmp"] / "outside").exists()
+    assert {p for p in tree(world["tmp"]) - before if not p.startswith("hf")} == set()
+    assert world["hub"].requests("get") == []  # refused at the HEAD: no body was asked for
+
+
 def test_a_hub_answering_for_another_commit_is_refused(run_cli, world):
     world["hub"].faults["info_sha"] = "1" * 40
     line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))

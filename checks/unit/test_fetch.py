@@ -161,8 +161,9 @@ def test_a_failed_fetch_publishes_nothing_and_the_next_one_resumes_from_what_fin
     assert f"{MODEL}@{pinned}: {SHARD}" in line and "no such file (404)" in line
     assert not (world["hf"] / "hub" / MODEL_ENTRY).exists()  # nothing published
     # One staged file goes bad in between (same size, one byte): it is not trusted, it goes again.
-    staged = next((world["hf"] / "hub").rglob(f".sparkstack-fetch/*/{MODEL_ENTRY}/snapshots/{pinned}/config.json"))
-    staged.resolve().write_bytes(b"X" + files["config.json"][1:])
+    config_blob = blob_name("config.json", files["config.json"])
+    staged = next((world["hf"] / "hub").rglob(f".sparkstack-fetch/*/{MODEL_ENTRY}/blobs/{config_blob}"))
+    staged.write_bytes(b"X" + files["config.json"][1:])
     world["hub"].faults.clear()
     world["hub"].log.clear()
     proc = fetch(run_cli, world, "--json")

@@ -7,11 +7,14 @@ and every failure becomes one line naming the repo, the revision and what went w
 
 from __future__ import annotations
 
+import os
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
+from urllib.parse import urlsplit
 
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import ListedFile
@@ -159,14 +162,42 @@ def _byte_counter(on_progress: Callable[[int], None]) -> type:
     return Counter
 
 
-def download(repo: str, revision: str, relpath: str, cache_dir: Path, on_progress: Callable[[int], None]) -> Path:
-    """One file of the commit into `cache_dir` (a hub cache of its own); returns its snapshot link there.
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
 
-    huggingface_hub writes to a temp file and renames it into blobs/ when whole, and resumes a dropped
-    connection with a Range request."""
-    from huggingface_hub import hf_hub_download
+
+def download(repo: str, revision: str, f: ListedFile, blob: Path, on_progress: Callable[[int], None]) -> None:
+    """One listed file's bytes into `blob`, through a temp file beside it, renamed when whole.
+
+    huggingface_hub's hf_hub_download joins the hub's ETag into its blob path unchecked, so a hostile hub
+    could have it write anywhere: the metadata is checked against the listing first, and the bytes go
+    through huggingface_hub's http_get (which resumes a dropped body with a Range request) into a file
+    named here."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
 
     _quiet()
-    with hub_errors(f"{repo}@{revision}: {relpath}"):
-        return Path(hf_hub_download(repo, relpath, revision=revision, cache_dir=cache_dir,
-                                    tqdm_class=_byte_counter(on_progress)))
+    what = f"{repo}@{revision}: {f.relpath}"
+    url = hf_hub_url(repo, f.relpath, revision=revision)
+    with hub_errors(what):
+        meta = get_hf_file_metadata(url)
+    if meta.commit_hash != revision:
+        raise SparkstackError(f"{what}: the hub at {endpoint()} answered for commit {str(meta.commit_hash)[:40]!r} "
+                              "instead; nothing written")
+    if meta.etag != f.blob:
+        raise SparkstackError(f"{what}: the hub at {endpoint()} names its blob {str(meta.etag)[:80]!r}, not the "
+                              f"{f.blob} it lists; refused, nothing written")
+    headers = build_hf_headers()
+    if _origin(meta.location) != _origin(url):
+        headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub, as huggingface_hub does
+    partial = blob.with_name(f"{blob.name}.{uuid.uuid4().hex[:8]}.incomplete")
+    try:
+        with hub_errors(what), open(partial, "xb") as out:
+            http_get(meta.location, out, headers=headers, expected_size=f.size, tqdm_class=_byte_counter(on_progress))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, blob)
+    finally:
+        partial.unlink(missing_ok=True)
