@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from huggingface_hub.utils.sha import git_hash
 
+OVERSIZE = 16 << 20  # more than one of huggingface_hub's 10 MB download chunks
 LFS_SUFFIXES = (".safetensors",)  # stored with LFS on the hub, so named by their sha256 in a cache
 
 
@@ -93,6 +94,8 @@ class HubStandin:
     {"missing": path} answers 404 EntryNotFound for that file, though the listing names it;
     {"info_sha": value} puts that value as the commit in every model_info answer;
     {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set;
+    {"oversize": path} answers a GET of that file with its body and OVERSIZE bytes more, promising twice that
+    many more in Content-Length, then sends nothing until `released` is set;
     {"etag": value} names every file's blob `value` in the HEAD answer (X-Linked-Etag for LFS files, else ETag).
     `token`: when set, every request must carry `Authorization: Bearer <token>` (else 401)."""
 
@@ -243,12 +246,15 @@ class HubStandin:
                     names["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
                 body = data[start:]
                 cut = None
+                if not head and standin.faults.get("oversize") == file:
+                    cut = len(body) + OVERSIZE
+                    body += bytes(2 * OVERSIZE)
                 if not head and file in (standin.faults.get("drop_once"), standin.faults.get("stall")) \
                         and file not in standin._dropped:
                     standin._dropped.add(file)
                     cut = len(body) // 2
                 self._send(206 if m and not head else 200, body, names, head, entry, cut_at=cut)
-                if cut is not None and standin.faults.get("stall") == file:
+                if cut is not None and file in (standin.faults.get("stall"), standin.faults.get("oversize")):
                     standin.released.wait(60)  # the client hangs on the rest of the body until it is killed
 
         return Handler

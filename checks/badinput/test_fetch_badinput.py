@@ -1,5 +1,7 @@
 """fetch against a hostile or broken hub, and a bad command line: one line each, nothing written."""
 
+import hashlib
+
 import pytest
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 
@@ -51,6 +53,22 @@ def test_a_blob_name_that_is_a_path_is_refused_before_anything_is_written(run_cl
     assert not (world["tmp"] / "outside").exists()
     assert {p for p in tree(world["tmp"]) - before if not p.startswith("hf")} == set()
     assert world["hub"].requests("get") == []  # refused at the HEAD: no body was asked for
+
+
+def test_a_body_longer_than_the_listed_size_is_cut_off_at_the_listed_size(run_cli, world):
+    """The stand-in sends the shard and 16 MiB more, then holds the connection: the fetch stops on its own."""
+    shard = "model-00002-of-00003.safetensors"
+    data = world["repos"][MODEL].commits[world["repos"][MODEL].refs["main"]][shard]
+    size = len(data)
+    world["hub"].faults["oversize"] = shard
+    try:
+        line = one_line(run_cli("fetch", "--recipe", pinned(world),
+                                env={**world["env"], "HF_HUB_DOWNLOAD_TIMEOUT": "3"}))
+    finally:
+        world["hub"].released.set()
+    assert f"{shard}: {world['hub'].url} sent more than the {size} bytes the hub lists" in line
+    assert list((world["tmp"] / "hf").rglob(hashlib.sha256(data).hexdigest() + "*")) == []  # nor its partial file
+    assert not (world["tmp"] / "hf" / "hub" / "models--LibertAIDAI--GLM-5.3-Flash-NVFP4").exists()
 
 
 def test_a_hub_answering_for_another_commit_is_refused(run_cli, world):

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import BinaryIO, Self
 from urllib.parse import urlsplit
 
 from sparkstack.errors import SparkstackError
@@ -167,6 +167,22 @@ def _origin(url: str) -> tuple[str, str]:
     return parts.scheme, parts.netloc
 
 
+class _Capped:
+    """The file http_get writes to, refusing to grow past the listed size: a server sending more fills no disk."""
+
+    def __init__(self, out: BinaryIO, size: int, what: str, sender: str) -> None:
+        self._out, self._size, self._what, self._sender = out, size, what, sender
+
+    def write(self, data: bytes) -> int:
+        if self._out.tell() + len(data) > self._size:
+            raise SparkstackError(f"{self._what}: {self._sender} sent more than the {self._size} bytes the hub lists; "
+                                  "stopped there, nothing kept")
+        return self._out.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._out, name)  # seek, tell, truncate: http_get rewinds when a server ignores a Range
+
+
 def download(repo: str, revision: str, f: ListedFile, blob: Path, on_progress: Callable[[int], None]) -> None:
     """One listed file's bytes into `blob`, through a temp file beside it, renamed when whole.
 
@@ -195,7 +211,9 @@ def download(repo: str, revision: str, f: ListedFile, blob: Path, on_progress: C
     partial = blob.with_name(f"{blob.name}.{uuid.uuid4().hex[:8]}.incomplete")
     try:
         with hub_errors(what), open(partial, "xb") as out:
-            http_get(meta.location, out, headers=headers, expected_size=f.size, tqdm_class=_byte_counter(on_progress))
+            sender = "://".join(_origin(meta.location))
+            http_get(meta.location, _Capped(out, f.size, what, sender), headers=headers, expected_size=f.size,
+                     tqdm_class=_byte_counter(on_progress))
             out.flush()
             os.fsync(out.fileno())
         os.replace(partial, blob)
