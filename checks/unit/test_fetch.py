@@ -92,6 +92,27 @@ def test_resolve_pins_the_commits_the_hub_holds_and_keeps_the_recipes_comments(r
     assert world["hub"].requests() == [] and recipe.read_text() == after
 
 
+def test_resolve_keeps_the_recipes_mode_and_byte_order_mark(run_cli, world):
+    recipe = recipe_copy(world["tmp"] / "mine.toml")
+    recipe.write_bytes(b"\xef\xbb\xbf" + recipe.read_bytes())
+    recipe.chmod(0o640)
+    proc = fetch(run_cli, world, "--resolve", recipe=recipe)
+    assert proc.returncode == 0, proc.stderr
+    assert recipe.read_bytes().startswith(b"\xef\xbb\xbf" + b"#")
+    assert world["pinned"][MODEL] in recipe.read_text(encoding="utf-8-sig")
+    assert recipe.stat().st_mode & 0o777 == 0o640
+
+
+def test_resolve_refuses_a_symlinked_recipe_and_leaves_it_as_it_was(run_cli, world):
+    target = recipe_copy(world["tmp"] / "target.toml")
+    link = world["tmp"] / "link.toml"
+    link.symlink_to(target)
+    before = target.read_bytes()
+    line = one_error_line(fetch(run_cli, world, "--resolve", recipe=link))
+    assert f"{link}: is a symlink" in line
+    assert link.is_symlink() and os.readlink(link) == str(target) and target.read_bytes() == before
+
+
 def test_fetch_downloads_exactly_the_pinned_commit_after_main_moves(run_cli, world):
     pinned = world["pinned"][MODEL]
     repo = world["repos"][MODEL]
@@ -287,6 +308,11 @@ def test_a_new_commit_downloads_only_what_changed(run_cli, world):
     assert snapshot_files(world, MODEL_ENTRY, new) == files
     assert snapshot_files(world, MODEL_ENTRY, world["pinned"][MODEL]) == repo.commits[world["pinned"][MODEL]]
     assert (world["hf"] / "hub" / MODEL_ENTRY / "refs/main").read_text() == new
+    # Rewritten in place, refs/main and the new listing read like the files beside them (umask applies).
+    umask = os.umask(0)
+    os.umask(umask)
+    for rewritten in ("refs/main", f".sparkstack/listing-{new}.json"):
+        assert (world["hf"] / "hub" / MODEL_ENTRY / rewritten).stat().st_mode & 0o777 == 0o666 & ~umask, rewritten
 
 
 def test_hf_hub_cache_elsewhere_is_named_and_the_hub_launch_mounts_is_used(run_cli, world):
