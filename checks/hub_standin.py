@@ -96,6 +96,9 @@ class HubStandin:
     {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set;
     {"oversize": path} answers a GET of that file with its body and OVERSIZE bytes more, promising twice that
     many more in Content-Length, then sends nothing until `released` is set;
+    {"redirect": url} answers every resolve request for an LFS file with a 302 to `url`/cdn/<sha256>, as the real
+    hub sends LFS files to its CDN (the names and size ride on the 302);
+    {"status": code} answers every request with that HTTP code (a CDN that fails);
     {"etag": value} names every file's blob `value` in the HEAD answer (X-Linked-Etag for LFS files, else ETag).
     `token`: when set, every request must carry `Authorization: Bearer <token>` (else 401)."""
 
@@ -187,6 +190,8 @@ class HubStandin:
                 path = unquote(url.path)
                 entry = {"method": self.command, "path": path, "query": url.query,
                          "headers": {k.lower(): v for k, v in self.headers.items()}, "kind": "other"}
+                if "status" in standin.faults:
+                    return self._error(int(standin.faults["status"]), "Failing", head, entry)
                 if standin.token is not None and self.headers.get("Authorization") != f"Bearer {standin.token}":
                     return self._error(401, "RepoNotFound", head, entry)
                 api = re.match(r"^/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?$", path)
@@ -236,6 +241,9 @@ class HubStandin:
                     names.update({"X-Linked-Etag": f'"{blob_name(file, data)}"', "X-Linked-Size": str(len(data))})
                 if "etag" in standin.faults:  # a hostile hub: a blob name that is a path
                     names["X-Linked-Etag" if is_lfs(file) else "ETag"] = f'"{standin.faults["etag"]}"'
+                if "redirect" in standin.faults and is_lfs(file):
+                    names["Location"] = f"{standin.faults['redirect']}/cdn/{blob_name(file, data)}"
+                    return self._send(302, b"", names, head, entry)
                 if standin.faults.get("corrupt") == file:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 start = 0

@@ -1,12 +1,15 @@
 """The hub, through huggingface_hub: a repo's current commit, one commit's file list, one file into a cache dir.
 
-huggingface_hub reads HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE itself. Whatever the hub answers is
+huggingface_hub reads HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE itself (its settings are checked here first, so a
+bad one is one line naming it). Whatever the hub answers is
 checked before it is used (commits are 40 hex, paths stay inside the snapshot, blob names are hashes),
 and every failure becomes one line naming the repo, the revision and what went wrong.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import uuid
@@ -23,10 +26,65 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+# Settings huggingface_hub reads with int() when it is imported: a bad one would raise there, unexplained.
+_WHOLE_SECONDS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
+_ready = False
+
+
+def _library() -> None:
+    """huggingface_hub, its settings checked, before its first use.
+
+    No telemetry: with it, huggingface_hub fetches an agent registry for its user agent and caches it in
+    $HF_HOME, a write that neither a fetch nor a dry run may make. Its logger is silenced: it warns of every
+    retry ("Trying to resume download..."), and fetch's own lines say how each file ended."""
+    global _ready
+    if _ready:
+        return
+    for name in _WHOLE_SECONDS:
+        value = os.environ.get(name)
+        if value is not None and not value.strip().isdigit():
+            raise SparkstackError(f"{name}={value!r}: not a whole number of seconds")
+    url = os.environ.get("HF_ENDPOINT")
+    if url is not None:
+        try:
+            parts = urlsplit(url)
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+        except ValueError:  # an unclosed [IPv6 bracket, a port that is not a number
+            usable = False
+        if not usable:
+            raise SparkstackError(f"HF_ENDPOINT={url!r}: not an http:// or https:// URL of a hub")
+    from huggingface_hub import constants
+    from huggingface_hub.utils import logging as hub_logging
+
+    constants.HF_HUB_DISABLE_TELEMETRY = True  # read at each request, not only at import
+    hub_logging.get_logger().setLevel(logging.CRITICAL + 1)  # after its import, which sets the level
+    _ready = True
+
+
 def endpoint() -> str:
+    _library()
     from huggingface_hub import constants
 
     return constants.ENDPOINT
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
+
+
+def _answered(url: object) -> str:
+    """Who answered a request for `url`: the hub, or the host the hub sent it to (the CDN of an LFS file)."""
+    if url is None or _origin(str(url)) == _origin(endpoint()):
+        return f"the hub at {endpoint()}"
+    return f"{'://'.join(_origin(str(url)))} (where the hub at {endpoint()} sent it)"
+
+
+def _request_url(exc: Exception) -> object:
+    try:
+        return exc.request.url
+    except (AttributeError, RuntimeError):  # httpx raises RuntimeError when no request is attached
+        return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -48,6 +106,7 @@ def hub_errors(what: str) -> Iterator[None]:
         RevisionNotFoundError,
     )
 
+    _library()
     try:
         yield
     except OfflineModeIsEnabled:
@@ -63,28 +122,23 @@ def hub_errors(what: str) -> Iterator[None]:
                               "allowed to read it") from None
     except HfHubHTTPError as exc:
         code = exc.response.status_code if exc.response is not None else "?"
-        raise SparkstackError(f"{what}: the hub at {endpoint()} answered HTTP {code}") from None
+        url = exc.response.url if exc.response is not None else None
+        raise SparkstackError(f"{what}: {_answered(url)} answered HTTP {code}") from None
     except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
-        raise SparkstackError(f"{what}: cannot reach the hub at {endpoint()} ({_first_line(exc)})") from None
-    except (ValueError, KeyError, TypeError) as exc:  # an answer huggingface_hub could not parse
+        raise SparkstackError(f"{what}: cannot reach {_answered(_request_url(exc))} ({_first_line(exc)})") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:  # an answer huggingface_hub could not parse
         raise SparkstackError(f"{what}: the hub at {endpoint()} gave an answer that makes no sense "
                               f"({_first_line(exc)})") from None
+    except ValueError as exc:  # huggingface_hub's own limits and checks: nothing the hub said
+        raise SparkstackError(f"{what}: {_first_line(exc)}") from None
     except OSError as exc:  # a short body (huggingface_hub's size check), a full disk
         raise SparkstackError(f"{what}: {_first_line(exc)}") from None
 
 
-def _quiet() -> None:
-    """No telemetry: with it, huggingface_hub fetches an agent registry for its user agent and caches it in
-    $HF_HOME, a write that neither a fetch nor a dry run may make."""
-    from huggingface_hub import constants
-
-    constants.HF_HUB_DISABLE_TELEMETRY = True  # read at each request, not only at import
-
-
 def _api():
+    _library()
     from huggingface_hub import HfApi
 
-    _quiet()
     return HfApi()
 
 
@@ -162,11 +216,6 @@ def _byte_counter(on_progress: Callable[[int], None]) -> type:
     return Counter
 
 
-def _origin(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return parts.scheme, parts.netloc
-
-
 class _Capped:
     """The file http_get writes to, refusing to grow past the listed size: a server sending more fills no disk."""
 
@@ -190,11 +239,11 @@ def download(repo: str, revision: str, f: ListedFile, blob: Path, on_progress: C
     could have it write anywhere: the metadata is checked against the listing first, and the bytes go
     through huggingface_hub's http_get (which resumes a dropped body with a Range request) into a file
     named here."""
+    _library()
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
-    _quiet()
     what = f"{repo}@{revision}: {f.relpath}"
     url = hf_hub_url(repo, f.relpath, revision=revision)
     with hub_errors(what):
