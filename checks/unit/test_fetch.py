@@ -316,6 +316,18 @@ def test_a_new_commit_downloads_only_what_changed(run_cli, world):
         assert (world["hf"] / "hub" / MODEL_ENTRY / rewritten).stat().st_mode & 0o777 == 0o666 & ~umask, rewritten
 
 
+def test_a_file_the_user_added_to_the_snapshot_is_never_lost(run_cli, world):
+    """Publishing swaps the snapshot dir whole: a file that is not the commit's is refused, not dropped."""
+    assert fetch(run_cli, world).returncode == 0
+    snap = world["hf"] / "hub" / MODEL_ENTRY / "snapshots" / world["pinned"][MODEL]
+    (snap / "notes").mkdir()
+    (snap / "notes" / "mine.txt").write_text("keep me")
+    (snap / "config.json").unlink()  # so the snapshot needs publishing again
+    line = one_error_line(fetch(run_cli, world))
+    assert f"{snap / 'notes' / 'mine.txt'}: not a file of {MODEL}@{world['pinned'][MODEL]}" in line
+    assert (snap / "notes" / "mine.txt").read_text() == "keep me"
+
+
 def test_hf_hub_cache_elsewhere_is_named_and_the_hub_launch_mounts_is_used(run_cli, world):
     elsewhere = world["tmp"] / "elsewhere"
     proc = fetch(run_cli, world, "--dry-run", "--json", env={"HF_HUB_CACHE": str(elsewhere)})

@@ -95,7 +95,7 @@ def _fetch_entry(e: EntryFetch, hub_dir: Path, on_progress: Callable[[int], None
                                   "published (run fetch again)")
 
     _download_all(sorted(fresh, key=lambda f: -f.size), download)
-    publish_fetched(staged_entry, e.entry, e.revision, e.files)
+    publish_fetched(staged_entry, e.entry, e.revision, e.files, e.wanted.repo)
     shutil.rmtree(stage, ignore_errors=True)
     try:
         (hub_dir / STAGE).rmdir()

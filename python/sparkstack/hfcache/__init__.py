@@ -426,11 +426,26 @@ def snapshot_needs(entry: Path, revision: str, files: tuple[ListedFile, ...]) ->
     return tuple(present), tuple(to_link), tuple(to_download)
 
 
-def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[ListedFile, ...]) -> None:
+def refuse_unlisted(entry: Path, revision: str, files: tuple[ListedFile, ...], repo_id: str) -> None:
+    """Publishing swaps `snapshots/<revision>` whole: a file there that the commit does not list (one a user
+    added) would be lost with the old dir, so it is refused, named."""
+    snap, listed = snapshot_dir(entry, revision), {f.relpath for f in files}
+    for dirpath, dirnames, filenames in os.walk(snap):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            path = Path(dirpath, name)
+            if path.relative_to(snap).as_posix() not in listed:
+                raise SparkstackError(f"{path}: not a file of {repo_id}@{revision}, and publishing replaces "
+                                      "that snapshot dir whole; move it out, then fetch again")
+
+
+def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[ListedFile, ...],
+                    repo_id: str) -> None:
     """Publish a fetch staged as a cache entry of its own (`stage_entry`: the downloaded blobs and their links).
 
     The staged snapshot gets a link for every other listed file (their blobs are the entry's already), then
     goes in whole, with refs/main naming `revision` and the listing recorded for the next fetch's check."""
+    refuse_unlisted(entry, revision, files, repo_id)
     snap = snapshot_dir(stage_entry, revision)
     snap.mkdir(parents=True, exist_ok=True)
     blobs_dir(stage_entry).mkdir(exist_ok=True)
