@@ -21,6 +21,7 @@ from sparkstack.fetch import hub
 from sparkstack.fetch.plan import EntryFetch, FetchPlan, ResolvePlan, entry_state
 from sparkstack.hfcache import (
     ListedFile,
+    blob_algorithm,
     blob_is_intact,
     blobs_dir,
     entry_name,
@@ -141,8 +142,7 @@ def _problem(blob: Path, f: ListedFile) -> str | None:
     elif blob.stat().st_size != f.size:
         problem = f"is {blob.stat().st_size} bytes, not the {f.size} the hub lists"
     elif not blob_is_intact(blob, f.blob):
-        algorithm = "sha256" if len(f.blob) == 64 else "git blob sha1"
-        problem = f"does not hash to its {algorithm} {f.blob}"
+        problem = f"does not hash to its {blob_algorithm(f.blob)} {f.blob}"
     if problem:
         blob.unlink(missing_ok=True)
     return problem

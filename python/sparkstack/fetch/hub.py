@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,11 +19,7 @@ from typing import BinaryIO, Self
 from urllib.parse import urlsplit
 
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import ListedFile
-
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
+from sparkstack.hfcache import COMMIT, SHA256, ListedFile
 
 # Settings huggingface_hub reads with int() when it is imported: a bad one would raise there, unexplained.
 _WHOLE_SECONDS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
@@ -146,7 +141,7 @@ def current_commit(repo: str) -> str:
     """The commit the repo's default branch names now."""
     with hub_errors(f"{repo}@main"):
         sha = _api().model_info(repo).sha
-    if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
+    if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
         raise SparkstackError(f"{repo}@main: the hub at {endpoint()} named no commit hash (got {str(sha)[:60]!r})")
     return sha
 
@@ -174,7 +169,7 @@ def listing(repo: str, revision: str) -> tuple[ListedFile, ...]:
         if problem:
             raise SparkstackError(f"{what}: the hub lists {str(s.rfilename)[:80]!r}, which {problem}")
         blob, size = (s.lfs.sha256, s.lfs.size) if s.lfs is not None else (s.blob_id, s.size)
-        name_ok = isinstance(blob, str) and (_SHA256 if s.lfs is not None else _COMMIT).fullmatch(blob)
+        name_ok = isinstance(blob, str) and (SHA256 if s.lfs is not None else COMMIT).fullmatch(blob)
         if not name_ok or type(size) is not int or size < 0:
             raise SparkstackError(f"{what}: the hub lists {s.rfilename!r} without a usable hash and size")
         files.append(ListedFile(s.rfilename, blob, size))

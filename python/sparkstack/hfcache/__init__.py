@@ -26,9 +26,11 @@ from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import probe
 from sparkstack.safetensors_header import read_header
 
-# A revision is a git commit hash. refs/main is read by hand (it is one line) rather than through
+# A revision is a git commit hash; a small file's blob is named by its git blob sha1, of the same form; an LFS
+# file's blob by its sha256. refs/main is read by hand (it is one line) rather than through
 # huggingface_hub.try_to_load_from_cache, whose import alone costs ~0.16 s on every strip.
-_REVISION = re.compile(r"[0-9a-f]{40}")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # Directories a model dir may hold that are bookkeeping, not model files.
 IGNORED_DIRS = frozenset({".sparkstack", ".cache", ".git"})
@@ -142,10 +144,10 @@ def git_blob_name(data: bytes) -> str:
 def blob_is_intact(path: Path, name: str) -> bool:
     """Does the blob at `path` hold what its name says? LFS blobs are named by sha256, small ones by git blob sha1."""
     try:
-        if len(name) == 64:
+        if blob_algorithm(name) == "sha256":
             return fsio.sha256_file(path) == name
-        return len(name) == 40 and git_blob_name(path.read_bytes()) == name
-    except OSError:
+        return git_blob_name(path.read_bytes()) == name
+    except (OSError, SparkstackError):  # unreadable, or no hub blob name at all
         return False
 
 
@@ -183,7 +185,7 @@ def read_ref(entry: Path, ref: str = "main") -> str | None:
     except OSError as exc:
         raise SparkstackError(f"{path}: cannot read: {exc.strerror or exc}") from None
     revision = raw.decode("utf-8", errors="replace").strip()
-    if not _REVISION.fullmatch(revision):
+    if not COMMIT.fullmatch(revision):
         raise SparkstackError(f"{path}: expected a 40-hex commit hash, found {revision[:60]!r}")
     return revision
 
@@ -274,15 +276,11 @@ def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[
 
 # ---------------------------------------------------------------- shipping an entry to another host
 
-_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
-_SHA1_NAME = re.compile(r"[0-9a-f]{40}")
-
-
 def blob_algorithm(name: str) -> str:
     """How a hub blob's name proves its bytes: LFS blobs are named by their sha256, small files by their git blob sha1."""
-    if _SHA256_NAME.fullmatch(name):
+    if SHA256.fullmatch(name):
         return "sha256"
-    if _SHA1_NAME.fullmatch(name):
+    if COMMIT.fullmatch(name):
         return "git-sha1"
     raise SparkstackError(f"{name!r}: not a hub blob name (64-hex sha256 or 40-hex git sha1)")
 

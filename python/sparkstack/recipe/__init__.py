@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import COMMIT
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
 DEFAULT_CLOCK_CAP = "0,2000"  # every published number was measured at this cap (FACTS.md §3)
@@ -140,12 +141,11 @@ _shm = _matching(_SIZE, "a size such as 16g or 32gb")
 _repo = _matching(_REPO, "an HF repo id (ORG/NAME)")
 
 UNPINNED = "unpinned"
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def _commit_or_unpinned(value: str) -> str | None:
     # A revision is a full commit hash (what the hub names a snapshot by), or honestly "unpinned": never a branch.
-    ok = value == UNPINNED or _COMMIT.fullmatch(value)
+    ok = value == UNPINNED or COMMIT.fullmatch(value)
     return None if ok else f'is neither "{UNPINNED}" nor a commit hash (40 lowercase hex digits)'
 
 
