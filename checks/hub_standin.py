@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from huggingface_hub.utils.sha import git_hash
 
+OVERSIZE = 16 << 20  # more than one of huggingface_hub's 10 MB download chunks
 LFS_SUFFIXES = (".safetensors",)  # stored with LFS on the hub, so named by their sha256 in a cache
 
 
@@ -92,7 +93,13 @@ class HubStandin:
     {"drop_once": path} ends the first GET of that file's body half way, by closing the connection;
     {"missing": path} answers 404 EntryNotFound for that file, though the listing names it;
     {"info_sha": value} puts that value as the commit in every model_info answer;
-    {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set.
+    {"stall": path} sends the first GET of that file half its body, then nothing until `released` is set;
+    {"oversize": path} answers a GET of that file with its body and OVERSIZE bytes more, promising twice that
+    many more in Content-Length, then sends nothing until `released` is set;
+    {"redirect": url} answers every resolve request for an LFS file with a 302 to `url`/cdn/<sha256>, as the real
+    hub sends LFS files to its CDN (the names and size ride on the 302);
+    {"status": code} answers every request with that HTTP code (a CDN that fails);
+    {"etag": value} names every file's blob `value` in the HEAD answer (X-Linked-Etag for LFS files, else ETag).
     `token`: when set, every request must carry `Authorization: Bearer <token>` (else 401)."""
 
     def __init__(self, repos: dict[str, HubRepo], token: str | None = None) -> None:
@@ -183,6 +190,8 @@ class HubStandin:
                 path = unquote(url.path)
                 entry = {"method": self.command, "path": path, "query": url.query,
                          "headers": {k.lower(): v for k, v in self.headers.items()}, "kind": "other"}
+                if "status" in standin.faults:
+                    return self._error(int(standin.faults["status"]), "Failing", head, entry)
                 if standin.token is not None and self.headers.get("Authorization") != f"Bearer {standin.token}":
                     return self._error(401, "RepoNotFound", head, entry)
                 api = re.match(r"^/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?$", path)
@@ -230,6 +239,11 @@ class HubStandin:
                          "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
                 if is_lfs(file):
                     names.update({"X-Linked-Etag": f'"{blob_name(file, data)}"', "X-Linked-Size": str(len(data))})
+                if "etag" in standin.faults:  # a hostile hub: a blob name that is a path
+                    names["X-Linked-Etag" if is_lfs(file) else "ETag"] = f'"{standin.faults["etag"]}"'
+                if "redirect" in standin.faults and is_lfs(file):
+                    names["Location"] = f"{standin.faults['redirect']}/cdn/{blob_name(file, data)}"
+                    return self._send(302, b"", names, head, entry)
                 if standin.faults.get("corrupt") == file:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 start = 0
@@ -240,12 +254,15 @@ class HubStandin:
                     names["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
                 body = data[start:]
                 cut = None
+                if not head and standin.faults.get("oversize") == file:
+                    cut = len(body) + OVERSIZE
+                    body += bytes(2 * OVERSIZE)
                 if not head and file in (standin.faults.get("drop_once"), standin.faults.get("stall")) \
                         and file not in standin._dropped:
                     standin._dropped.add(file)
                     cut = len(body) // 2
                 self._send(206 if m and not head else 200, body, names, head, entry, cut_at=cut)
-                if cut is not None and standin.faults.get("stall") == file:
+                if cut is not None and file in (standin.faults.get("stall"), standin.faults.get("oversize")):
                     standin.released.wait(60)  # the client hangs on the rest of the body until it is killed
 
         return Handler

@@ -1,5 +1,8 @@
 """fetch against a hostile or broken hub, and a bad command line: one line each, nothing written."""
 
+import hashlib
+import json
+
 import pytest
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 
@@ -32,6 +35,73 @@ def test_a_listed_path_outside_the_snapshot_is_refused(run_cli, world, bad_path)
     line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
     assert "which would land outside the snapshot" in line
     assert world["hub"].requests("get") == [] and not (world["tmp"] / "hf").exists()
+
+
+def tree(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("escape", ["absolute", "relative"])
+def test_a_blob_name_that_is_a_path_is_refused_before_anything_is_written(run_cli, world, escape):
+    """huggingface_hub joins the HEAD's ETag into the blob path unchecked: a hostile hub could write anywhere."""
+    target = world["tmp"] / "outside" / "PWNED"
+    etag = str(target) if escape == "absolute" else "../" * 40 + str(target).lstrip("/")
+    world["hub"].faults["etag"] = etag
+    recipe = pinned(world)
+    before = tree(world["tmp"])
+    line = one_line(run_cli("fetch", "--recipe", recipe, env=world["env"]))
+    assert "names its blob" in line and "nothing written" in line
+    assert not (world["tmp"] / "outside").exists()
+    assert {p for p in tree(world["tmp"]) - before if not p.startswith("hf")} == set()
+    assert world["hub"].requests("get") == []  # refused at the HEAD: no body was asked for
+
+
+def test_a_body_longer_than_the_listed_size_is_cut_off_at_the_listed_size(run_cli, world):
+    """The stand-in sends the shard and 16 MiB more, then holds the connection: the fetch stops on its own."""
+    shard = "model-00002-of-00003.safetensors"
+    data = world["repos"][MODEL].commits[world["repos"][MODEL].refs["main"]][shard]
+    size = len(data)
+    world["hub"].faults["oversize"] = shard
+    try:
+        line = one_line(run_cli("fetch", "--recipe", pinned(world),
+                                env={**world["env"], "HF_HUB_DOWNLOAD_TIMEOUT": "3"}))
+    finally:
+        world["hub"].released.set()
+    assert f"{shard}: {world['hub'].url} sent more than the {size} bytes the hub lists" in line
+    assert list((world["tmp"] / "hf").rglob(hashlib.sha256(data).hexdigest() + "*")) == []  # nor its partial file
+    assert not (world["tmp"] / "hf" / "hub" / "models--LibertAIDAI--GLM-5.3-Flash-NVFP4").exists()
+
+
+@pytest.mark.parametrize("name, value", [("HF_ENDPOINT", "http://[::1"), ("HF_ENDPOINT", "127.0.0.1:8080"),
+                                         ("HF_HUB_DOWNLOAD_TIMEOUT", "abc"), ("HF_HUB_ETAG_TIMEOUT", "1.5")])
+def test_a_bad_hub_setting_is_one_line_naming_it(run_cli, world, name, value):
+    recipe = recipe_copy(world["tmp"] / "mine.toml")
+    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env={**world["env"], name: value}))
+    assert f"{name}={value!r}" in line
+    assert world["hub"].requests() == []
+
+
+def test_a_failing_cdn_is_named_not_blamed_on_the_hub(run_cli, world):
+    with HubStandin({}) as cdn:
+        cdn.faults["status"] = "500"
+        world["hub"].faults["redirect"] = cdn.url
+        line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+        assert f"{cdn.url} (where the hub at {world['hub'].url} sent it) answered HTTP 500" in line
+        assert [r["path"].startswith("/cdn/") for r in cdn.requests()] == [True] * len(cdn.requests()) != []
+
+
+def test_a_local_value_error_is_not_blamed_on_the_hub(world, monkeypatch):
+    """huggingface_hub raises ValueError for its own limits too (a file over 50 GB without hf_xet)."""
+    from sparkstack.errors import SparkstackError
+    from sparkstack.fetch.hub import hub_errors
+
+    monkeypatch.setenv("HF_ENDPOINT", world["hub"].url)
+    with pytest.raises(SparkstackError) as local, hub_errors("org/name@rev"):
+        raise ValueError("The file is too large to be downloaded using the regular download method.")
+    assert str(local.value) == "org/name@rev: The file is too large to be downloaded using the regular download method."
+    with pytest.raises(SparkstackError) as garbled, hub_errors("org/name@rev"):
+        json.loads("<html>")
+    assert "gave an answer that makes no sense" in str(garbled.value)
 
 
 def test_a_hub_answering_for_another_commit_is_refused(run_cli, world):

@@ -92,6 +92,27 @@ def test_resolve_pins_the_commits_the_hub_holds_and_keeps_the_recipes_comments(r
     assert world["hub"].requests() == [] and recipe.read_text() == after
 
 
+def test_resolve_keeps_the_recipes_mode_and_byte_order_mark(run_cli, world):
+    recipe = recipe_copy(world["tmp"] / "mine.toml")
+    recipe.write_bytes(b"\xef\xbb\xbf" + recipe.read_bytes())
+    recipe.chmod(0o640)
+    proc = fetch(run_cli, world, "--resolve", recipe=recipe)
+    assert proc.returncode == 0, proc.stderr
+    assert recipe.read_bytes().startswith(b"\xef\xbb\xbf" + b"#")
+    assert world["pinned"][MODEL] in recipe.read_text(encoding="utf-8-sig")
+    assert recipe.stat().st_mode & 0o777 == 0o640
+
+
+def test_resolve_refuses_a_symlinked_recipe_and_leaves_it_as_it_was(run_cli, world):
+    target = recipe_copy(world["tmp"] / "target.toml")
+    link = world["tmp"] / "link.toml"
+    link.symlink_to(target)
+    before = target.read_bytes()
+    line = one_error_line(fetch(run_cli, world, "--resolve", recipe=link))
+    assert f"{link}: is a symlink" in line
+    assert link.is_symlink() and os.readlink(link) == str(target) and target.read_bytes() == before
+
+
 def test_fetch_downloads_exactly_the_pinned_commit_after_main_moves(run_cli, world):
     pinned = world["pinned"][MODEL]
     repo = world["repos"][MODEL]
@@ -144,6 +165,7 @@ def test_a_dropped_connection_resumes_where_it_broke(run_cli, world):
     world["hub"].faults["drop_once"] = "big.safetensors"
     proc = fetch(run_cli, world, recipe=recipe_copy(world["tmp"] / "big.toml", commit, world["pinned"][DRAFTER]))
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # huggingface_hub's own retry warnings stay quiet: the result says what happened
     gets = [r for r in world["hub"].requests("get") if r["file"] == "big.safetensors"]
     # huggingface_hub writes whole chunks: after the cut it asks, with a Range, for what follows the last one it kept.
     kept = (size // 2) // CHUNK * CHUNK
@@ -156,20 +178,23 @@ def test_a_dropped_connection_resumes_where_it_broke(run_cli, world):
 def test_a_failed_fetch_publishes_nothing_and_the_next_one_resumes_from_what_finished(run_cli, world):
     pinned = world["pinned"][MODEL]
     files = world["repos"][MODEL].commits[pinned]
-    world["hub"].faults["missing"] = SHARD
+    # Files start biggest first and none starts after a failure: the smallest one failing lets all others finish.
+    missing = min(files, key=lambda k: len(files[k]))
+    world["hub"].faults["missing"] = missing
     line = one_error_line(fetch(run_cli, world))
-    assert f"{MODEL}@{pinned}: {SHARD}" in line and "no such file (404)" in line
+    assert f"{MODEL}@{pinned}: {missing}" in line and "no such file (404)" in line
     assert not (world["hf"] / "hub" / MODEL_ENTRY).exists()  # nothing published
     # One staged file goes bad in between (same size, one byte): it is not trusted, it goes again.
-    staged = next((world["hf"] / "hub").rglob(f".sparkstack-fetch/*/{MODEL_ENTRY}/snapshots/{pinned}/config.json"))
-    staged.resolve().write_bytes(b"X" + files["config.json"][1:])
+    config_blob = blob_name("config.json", files["config.json"])
+    staged = next((world["hf"] / "hub").rglob(f".sparkstack-fetch/*/{MODEL_ENTRY}/blobs/{config_blob}"))
+    staged.write_bytes(b"X" + files["config.json"][1:])
     world["hub"].faults.clear()
     world["hub"].log.clear()
     proc = fetch(run_cli, world, "--json")
     assert proc.returncode == 0, proc.stderr
     (model,) = [r for r in json.loads(proc.stdout)["results"] if r["label"] == "model"]
     assert (model["downloaded"], model["resumed"]) == (2, len(files) - 2)
-    assert sorted(r["file"] for r in world["hub"].downloads() if f"/{MODEL}/" in r["path"]) == sorted([SHARD, "config.json"])
+    assert sorted(r["file"] for r in world["hub"].downloads() if f"/{MODEL}/" in r["path"]) == sorted([missing, "config.json"])
     assert snapshot_files(world, MODEL_ENTRY, pinned) == files
     assert not (world["hf"] / "hub" / MODEL_ENTRY / ".no_exist").exists()  # the 404 met before is not published
 
@@ -284,6 +309,23 @@ def test_a_new_commit_downloads_only_what_changed(run_cli, world):
     assert snapshot_files(world, MODEL_ENTRY, new) == files
     assert snapshot_files(world, MODEL_ENTRY, world["pinned"][MODEL]) == repo.commits[world["pinned"][MODEL]]
     assert (world["hf"] / "hub" / MODEL_ENTRY / "refs/main").read_text() == new
+    # Rewritten in place, refs/main and the new listing read like the files beside them (umask applies).
+    umask = os.umask(0)
+    os.umask(umask)
+    for rewritten in ("refs/main", f".sparkstack/listing-{new}.json"):
+        assert (world["hf"] / "hub" / MODEL_ENTRY / rewritten).stat().st_mode & 0o777 == 0o666 & ~umask, rewritten
+
+
+def test_a_file_the_user_added_to_the_snapshot_is_never_lost(run_cli, world):
+    """Publishing swaps the snapshot dir whole: a file that is not the commit's is refused, not dropped."""
+    assert fetch(run_cli, world).returncode == 0
+    snap = world["hf"] / "hub" / MODEL_ENTRY / "snapshots" / world["pinned"][MODEL]
+    (snap / "notes").mkdir()
+    (snap / "notes" / "mine.txt").write_text("keep me")
+    (snap / "config.json").unlink()  # so the snapshot needs publishing again
+    line = one_error_line(fetch(run_cli, world))
+    assert f"{snap / 'notes' / 'mine.txt'}: not a file of {MODEL}@{world['pinned'][MODEL]}" in line
+    assert (snap / "notes" / "mine.txt").read_text() == "keep me"
 
 
 def test_hf_hub_cache_elsewhere_is_named_and_the_hub_launch_mounts_is_used(run_cli, world):

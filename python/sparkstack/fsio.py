@@ -11,7 +11,9 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,17 +61,26 @@ def write_durable(path: str | os.PathLike, data: bytes) -> None:
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` with `data` so readers see either the old or the new content, never a mix."""
+    """Replace `path` with `data` so readers see either the old or the new content, never a mix.
+
+    The new file keeps the mode of the one it replaces; a new one gets 0666 less the umask, as open() gives."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 

@@ -1,9 +1,9 @@
 """Carry out `fetch`: pin commits into the recipe, or download exactly the pinned commits into the head's hub.
 
-A download is staged as a hub cache of its own beside the entries ($HF_HOME/hub/.sparkstack-fetch/<commit>/),
-so the entry itself only ever changes in `hfcache.publish_fetched`: after every downloaded file has been hashed
-against the name the hub gives it. A killed fetch leaves its finished files staged; the next one finds them
-there (huggingface_hub skips a file whose link exists), hashes them again and goes on.
+A download is staged as a cache entry of its own beside the entries ($HF_HOME/hub/.sparkstack-fetch/<commit>/),
+so the entry itself only ever changes in `hfcache.publish_fetched`: after every downloaded blob has been hashed
+against the name the hub lists for it. A killed fetch leaves its finished blobs staged; the next one finds them
+there, hashes them again and goes on.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from sparkstack.fetch import hub
 from sparkstack.fetch.plan import EntryFetch, FetchPlan, ResolvePlan, entry_state
 from sparkstack.hfcache import (
     ListedFile,
+    blob_algorithm,
     blob_is_intact,
     blobs_dir,
     entry_name,
     publish_fetched,
-    snapshot_dir,
 )
 from sparkstack.recipe import write_revisions
 
@@ -76,26 +76,27 @@ def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = Non
 
 def _fetch_entry(e: EntryFetch, hub_dir: Path, on_progress: Callable[[int], None]) -> EntryResult:
     name = entry_name(e.wanted.repo)
-    stage = hub_dir / STAGE / e.revision  # a hub cache of its own, for huggingface_hub
+    stage = hub_dir / STAGE / e.revision
     for old in (hub_dir / STAGE).glob(f"*/{name}"):
         if old.parent != stage:  # a killed fetch of another commit of this repo: nothing to resume there
             shutil.rmtree(old.parent, ignore_errors=True)
     staged_entry = stage / name
+    blobs = blobs_dir(staged_entry)
+    blobs.mkdir(parents=True, exist_ok=True)
     # What a killed run finished is kept if it still hashes to its name; anything else there goes again.
-    resumed = [f for f in e.to_download if (snapshot_dir(staged_entry, e.revision) / f.relpath).is_file()
-               and _problem(staged_entry, e, f) is None]
+    resumed = [f for f in e.to_download if (blobs / f.blob).is_file() and _problem(blobs / f.blob, f) is None]
     on_progress(sum(f.size for f in resumed))
     fresh = [f for f in e.to_download if f not in resumed]
 
     def download(f: ListedFile) -> None:
-        hub.download(e.wanted.repo, e.revision, f.relpath, stage, on_progress)
-        problem = _problem(staged_entry, e, f)  # hashed while the other streams still download
+        hub.download(e.wanted.repo, e.revision, f, blobs / f.blob, on_progress)
+        problem = _problem(blobs / f.blob, f)  # hashed while the other streams still download
         if problem:
             raise SparkstackError(f"{e.wanted.repo}@{e.revision}: {f.relpath} {problem}; removed it, nothing "
                                   "published (run fetch again)")
 
     _download_all(sorted(fresh, key=lambda f: -f.size), download)
-    publish_fetched(staged_entry, e.entry, e.revision, e.files)
+    publish_fetched(staged_entry, e.entry, e.revision, e.files, e.wanted.repo)
     shutil.rmtree(stage, ignore_errors=True)
     try:
         (hub_dir / STAGE).rmdir()
@@ -132,24 +133,16 @@ def _download_all(files: list[ListedFile], download: Callable[[ListedFile], obje
         raise failures[0]
 
 
-def _problem(staged_entry: Path, e: EntryFetch, f: ListedFile) -> str | None:
-    """None when the staged file is a link to the blob the hub names, of the listed size, whose bytes hash to
-    that name. huggingface_hub checks sizes only; a file that fails here is removed from the stage."""
-    link = snapshot_dir(staged_entry, e.revision) / f.relpath
-    blob = blobs_dir(staged_entry) / f.blob
-    real = link.resolve()
+def _problem(blob: Path, f: ListedFile) -> str | None:
+    """None when the staged blob is of the listed size and its bytes hash to its name; a blob that fails
+    here is removed from the stage."""
     problem = None
-    if not real.is_file():
+    if not blob.is_file():
         problem = "is missing from the stage"
-    elif real != blob.resolve():
-        problem = f"was served as blob {real.name[:64]!r}, not the {f.blob} the hub lists"
-    elif real.stat().st_size != f.size:
-        problem = f"is {real.stat().st_size} bytes, not the {f.size} the hub lists"
+    elif blob.stat().st_size != f.size:
+        problem = f"is {blob.stat().st_size} bytes, not the {f.size} the hub lists"
     elif not blob_is_intact(blob, f.blob):
-        algorithm = "sha256" if len(f.blob) == 64 else "git blob sha1"
-        problem = f"does not hash to its {algorithm} {f.blob}"
+        problem = f"does not hash to its {blob_algorithm(f.blob)} {f.blob}"
     if problem:
-        link.unlink(missing_ok=True)
-        if real.parent == blobs_dir(staged_entry).resolve():
-            real.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
     return problem

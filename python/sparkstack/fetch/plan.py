@@ -19,6 +19,7 @@ from sparkstack.hfcache import (
     hub_of,
     read_listing,
     read_ref,
+    refuse_unlisted,
     snapshot_needs,
 )
 from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
@@ -132,7 +133,10 @@ def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
         ref = read_ref(entry)
     except SparkstackError:
         ref = None  # unreadable: fetch writes a good one
-    return EntryFetch(w, entry, files, source, *snapshot_needs(entry, w.revision, files), ref_main=ref)
+    state = EntryFetch(w, entry, files, source, *snapshot_needs(entry, w.revision, files), ref_main=ref)
+    if not state.up_to_date:
+        refuse_unlisted(entry, w.revision, files, w.repo)  # before any download: publishing would drop it
+    return state
 
 
 def plan_fetch(recipe: Recipe, environ: Mapping[str, str]) -> FetchPlan:

@@ -26,9 +26,11 @@ from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import probe
 from sparkstack.safetensors_header import read_header
 
-# A revision is a git commit hash. refs/main is read by hand (it is one line) rather than through
+# A revision is a git commit hash; a small file's blob is named by its git blob sha1, of the same form; an LFS
+# file's blob by its sha256. refs/main is read by hand (it is one line) rather than through
 # huggingface_hub.try_to_load_from_cache, whose import alone costs ~0.16 s on every strip.
-_REVISION = re.compile(r"[0-9a-f]{40}")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # Directories a model dir may hold that are bookkeeping, not model files.
 IGNORED_DIRS = frozenset({".sparkstack", ".cache", ".git"})
@@ -142,10 +144,10 @@ def git_blob_name(data: bytes) -> str:
 def blob_is_intact(path: Path, name: str) -> bool:
     """Does the blob at `path` hold what its name says? LFS blobs are named by sha256, small ones by git blob sha1."""
     try:
-        if len(name) == 64:
+        if blob_algorithm(name) == "sha256":
             return fsio.sha256_file(path) == name
-        return len(name) == 40 and git_blob_name(path.read_bytes()) == name
-    except OSError:
+        return git_blob_name(path.read_bytes()) == name
+    except (OSError, SparkstackError):  # unreadable, or no hub blob name at all
         return False
 
 
@@ -183,7 +185,7 @@ def read_ref(entry: Path, ref: str = "main") -> str | None:
     except OSError as exc:
         raise SparkstackError(f"{path}: cannot read: {exc.strerror or exc}") from None
     revision = raw.decode("utf-8", errors="replace").strip()
-    if not _REVISION.fullmatch(revision):
+    if not COMMIT.fullmatch(revision):
         raise SparkstackError(f"{path}: expected a 40-hex commit hash, found {revision[:60]!r}")
     return revision
 
@@ -274,15 +276,11 @@ def publish_snapshot(stage: Path, entry: Path, revision: str, bookkeeping: dict[
 
 # ---------------------------------------------------------------- shipping an entry to another host
 
-_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
-_SHA1_NAME = re.compile(r"[0-9a-f]{40}")
-
-
 def blob_algorithm(name: str) -> str:
     """How a hub blob's name proves its bytes: LFS blobs are named by their sha256, small files by their git blob sha1."""
-    if _SHA256_NAME.fullmatch(name):
+    if SHA256.fullmatch(name):
         return "sha256"
-    if _SHA1_NAME.fullmatch(name):
+    if COMMIT.fullmatch(name):
         return "git-sha1"
     raise SparkstackError(f"{name!r}: not a hub blob name (64-hex sha256 or 40-hex git sha1)")
 
@@ -426,11 +424,26 @@ def snapshot_needs(entry: Path, revision: str, files: tuple[ListedFile, ...]) ->
     return tuple(present), tuple(to_link), tuple(to_download)
 
 
-def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[ListedFile, ...]) -> None:
+def refuse_unlisted(entry: Path, revision: str, files: tuple[ListedFile, ...], repo_id: str) -> None:
+    """Publishing swaps `snapshots/<revision>` whole: a file there that the commit does not list (one a user
+    added) would be lost with the old dir, so it is refused, named."""
+    snap, listed = snapshot_dir(entry, revision), {f.relpath for f in files}
+    for dirpath, dirnames, filenames in os.walk(snap):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            path = Path(dirpath, name)
+            if path.relative_to(snap).as_posix() not in listed:
+                raise SparkstackError(f"{path}: not a file of {repo_id}@{revision}, and publishing replaces "
+                                      "that snapshot dir whole; move it out, then fetch again")
+
+
+def publish_fetched(stage_entry: Path, entry: Path, revision: str, files: tuple[ListedFile, ...],
+                    repo_id: str) -> None:
     """Publish a fetch staged as a cache entry of its own (`stage_entry`: the downloaded blobs and their links).
 
     The staged snapshot gets a link for every other listed file (their blobs are the entry's already), then
     goes in whole, with refs/main naming `revision` and the listing recorded for the next fetch's check."""
+    refuse_unlisted(entry, revision, files, repo_id)
     snap = snapshot_dir(stage_entry, revision)
     snap.mkdir(parents=True, exist_ok=True)
     blobs_dir(stage_entry).mkdir(exist_ok=True)

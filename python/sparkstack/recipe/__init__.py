@@ -6,6 +6,7 @@ touches the host.
 
 from __future__ import annotations
 
+import codecs
 import ipaddress
 import json
 import math
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
+from sparkstack.hfcache import COMMIT
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
 DEFAULT_CLOCK_CAP = "0,2000"  # every published number was measured at this cap (FACTS.md §3)
@@ -140,12 +142,11 @@ _shm = _matching(_SIZE, "a size such as 16g or 32gb")
 _repo = _matching(_REPO, "an HF repo id (ORG/NAME)")
 
 UNPINNED = "unpinned"
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def _commit_or_unpinned(value: str) -> str | None:
     # A revision is a full commit hash (what the hub names a snapshot by), or honestly "unpinned": never a branch.
-    ok = value == UNPINNED or _COMMIT.fullmatch(value)
+    ok = value == UNPINNED or COMMIT.fullmatch(value)
     return None if ok else f'is neither "{UNPINNED}" nor a commit hash (40 lowercase hex digits)'
 
 
@@ -574,7 +575,12 @@ def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision
 
     path, w = recipe.path, show_path(recipe.path)
     refuse_installed_recipe(recipe)
-    original = path.read_bytes().decode("utf-8-sig")
+    if path.is_symlink():  # replacing it would put a regular file where the link was, the target unchanged
+        raise SparkstackError(f"{w}: is a symlink; pin the file it names instead: sparkstack fetch --resolve "
+                              f"--recipe {shlex.quote(str(path.resolve()))}")
+    raw = path.read_bytes()
+    bom = codecs.BOM_UTF8 if raw.startswith(codecs.BOM_UTF8) else b""
+    original = raw.decode("utf-8-sig")
     doc, expect = tomlkit.parse(original), tomllib.loads(original)
     for table, plain, key, was, new in ((doc, expect, "model_revision", recipe.model_revision, model_revision),
                                         (doc.get("drafter"), expect.get("drafter"), "revision", recipe.drafter_revision,
@@ -588,4 +594,4 @@ def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision
     text = tomlkit.dumps(doc)
     if tomllib.loads(text) != expect:  # the edit landed on exactly those keys, and nothing else moved
         raise SparkstackError(f"{w}: pinning would change more than the revision fields; nothing written")
-    fsio.write_atomic(path, text.encode("utf-8"))
+    fsio.write_atomic(path, bom + text.encode("utf-8"))
