@@ -115,7 +115,8 @@ class Dockerd:
         try:
             return int(self.pidfile.read_text().strip())
         except (OSError, ValueError):
-            return self.proc.pid if self.proc else None
+            # Our child's number only while it is unreaped: once waited for, it may be another process's.
+            return self.proc.pid if self.proc and self.proc.poll() is None else None
 
     def stop(self) -> None:
         pid = self.pid()

@@ -241,7 +241,6 @@ def test_launch_image_layout_loads_the_head_and_demands_ship_for_a_worker(launch
     new = json.loads(proc.stdout)["result"]
     assert new["config_digest"] != image["config_digest"]
     recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "0"})
-    env = {"IMAGE": ""}  # the fixture sets IMAGE; --image must win over the recipe only when IMAGE is unset
     env_without_image = {k: v for k, v in os.environ.items() if k != "IMAGE"}
     try:
         full = {**env_without_image, "HF_HOME": str(home), "SPARKSTACK_STATE_DIR": str(work / "state")}
@@ -264,4 +263,6 @@ def test_launch_image_layout_loads_the_head_and_demands_ship_for_a_worker(launch
         record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
         assert record["image_id"] == new["config_digest"] and record["image"] == new["name"]
     finally:
-        sparkstack(lab, launch_world, recipe, "stop", env=env)
+        stopped = sparkstack(lab, launch_world, recipe, "stop")  # the fixture's IMAGE: an empty one is refused, by stop too
+    assert stopped.returncode == 0, stopped.stderr  # else its containers outlive it, and the next launch fails preflight
+    assert containers(lab.head) == [] and containers(lab.worker) == []
