@@ -60,7 +60,7 @@ def test_guard_acts_on_each_rank_under_the_threshold_and_not_above(tmp_path, gua
 @pytest.mark.parametrize("option", ["--drop-caches", "--memory-guard=120"])
 def test_drop_caches_goes_through_sudo_n_where_the_user_is_not_root(tmp_path, option):
     """--drop-caches and the guard drop the page cache with the same code, and the same `sudo -n` (tune's too)."""
-    proc = launch_all(tmp_path, option, env={"STANDIN_REMOTE_UID": "1000"})
+    proc = launch_all(tmp_path, option, env={"STANDIN_REMOTE_UID": "1000", "STANDIN_UID": "0"})
     assert proc.returncode == 0, proc.stderr
     head, worker = standins.recorded(tmp_path / "head.jsonl"), standins.recorded(tmp_path / "worker.jsonl")
     assert ["sudo", "-n", *DROP] in worker and ["sudo", "-n", "sync"] in worker
