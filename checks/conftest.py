@@ -4,6 +4,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests: a developer's run explores fresh examples each time (and remembers failures in .hypothesis/);
+# CI selects "ci" (.ci/run sets SPARKSTACK_HYPOTHESIS_PROFILE=ci) so one commit gets one verdict: the examples
+# follow from each test alone (derandomize), no example database carries over, no deadline (a loaded machine
+# is slow, not wrong). The example counts are each test's own @settings, the same under both profiles.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("SPARKSTACK_HYPOTHESIS_PROFILE", "dev"))
 
 CHECKS = Path(__file__).parent
 sys.path.insert(0, str(CHECKS))

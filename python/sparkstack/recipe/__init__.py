@@ -64,7 +64,12 @@ KNOB_DEFAULTS: dict[str, str] = {
 Kind = Callable[[str], "str | None"]
 
 INT_MAX = 2**63 - 1
-_BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}  # controls, invisible marks, lone surrogates, line breaks
+# Characters no knob or recipe value may hold: controls, invisible marks, lone surrogates, private-use and
+# unassigned code points, line breaks. Every category str.isprintable() refuses except the spaces (Zs), so a
+# value that passes here is also one remote.Runner accepts as an ssh target (it refuses what is not printable).
+_BAD_CATEGORIES = {"Cc": "control character", "Cf": "invisible format character", "Cs": "lone surrogate",
+                   "Co": "private-use character", "Cn": "unassigned code point", "Zl": "line separator",
+                   "Zp": "paragraph separator"}
 _DIGITS = re.compile(r"[0-9]{1,19}")  # no sign, no exponent, no spaces, no '_'; 19 digits bound int()
 _DECIMAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?|\.[0-9]{1,20}")
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")  # the characters of a docker image reference
@@ -98,7 +103,7 @@ def show_path(path: Path | str) -> str:
 
 def _line(value: str) -> str | None:
     bad = next((c for c in value if unicodedata.category(c) in _BAD_CATEGORIES), None)
-    return None if bad is None else f"holds the control character {bad!r}"
+    return None if bad is None else f"holds the {_BAD_CATEGORIES[unicodedata.category(bad)]} {bad!r}"
 
 
 def _text(value: str, limit: int = 1024) -> str | None:
