@@ -390,11 +390,13 @@ def status(plan: LaunchPlan, runners: dict[int, Runner]) -> tuple[list[dict], di
         r = runners[rank.rank]
         proc = r.run_docker("inspect", "--format", "{{.State.Status}} {{.State.StartedAt}} {{.Image}}", rank.name, timeout=30)
         row = {"rank": rank.rank, "host": rank.host, "name": rank.name, "state": "absent", "image_id": None,
-               "uptime_s": None, "health": None}
+               "started_at": None, "uptime_s": None, "health": None}
         fields = proc.stdout.split() if proc.returncode == 0 else []
         if len(fields) == 3:
             state, started, image = fields
-            row.update(state=state, image_id=image, uptime_s=round(time.time() - _started_epoch(started)) if state == "running" else None)
+            row.update(state=state, image_id=image)
+            if state == "running":  # started_at exactly as docker says it (soak compares two of them)
+                row.update(started_at=_started_epoch(started), uptime_s=round(time.time() - _started_epoch(started)))
         elif proc.returncode not in (0, 1) or fields:
             row["state"] = f"unknown ({failure_line(proc)})"
         if rank.rank == 0 and row["state"] == "running":

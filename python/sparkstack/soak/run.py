@@ -252,9 +252,8 @@ class Soak:
         except (SparkstackError, OSError):
             return None
         row = rows[0]
-        if row["state"] != "running" or row["uptime_s"] is None:
-            return None
-        return time.time() - row["uptime_s"]
+        # Docker's own start time, not now - uptime: that one is rounded to the second and moves with the clock.
+        return row["started_at"] if row["state"] == "running" else None
 
     def _check_container(self) -> None:
         started = self._container_start()
