@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings
 
 # Property tests: a developer's run explores fresh examples each time (and remembers failures in .hypothesis/);
-# CI selects "ci" (.ci/run sets SPARKSTACK_HYPOTHESIS_PROFILE=ci) so one commit gets one verdict: the examples
+# CI selects "ci" (.ci/run sets SPARKSTACK_HYPOTHESIS_PROFILE=ci; checks/unit/test_ci.py holds it to that) so one commit gets one verdict: the examples
 # follow from each test alone (derandomize), no example database carries over, no deadline (a loaded machine
 # is slow, not wrong). The example counts are each test's own @settings, the same under both profiles.
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)

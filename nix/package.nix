@@ -16,7 +16,7 @@ let
     matplotlib
   ];
   # The test extra, for checks.unit and the dev shell.
-  test = with python3Packages; [ pytest hypothesis safetensors numpy torch ];
+  test = with python3Packages; [ pytest pytest-xdist hypothesis safetensors numpy torch ];
 in
 python3Packages.buildPythonApplication {
   pname = "sparkstack";

@@ -1,6 +1,7 @@
 """Fixtures that need real daemons and root. They skip with a reason where that is impossible,
 and fail instead of skipping when SPARKSTACK_REQUIRE_LAB is set (CI sets it)."""
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -63,8 +64,17 @@ def python_rootfs_tar():
     """A minbase Debian rootfs with python3 and its standard library, as one layer tar (debootstrap once, cached on this machine)."""
     require("debootstrap")
     cached = ROOTFS_CACHE / "bookworm-python3-stdlib.tar"
+    ROOTFS_CACHE.mkdir(parents=True, exist_ok=True)
+    # Under pytest-xdist two workers may both find no cache: one debootstraps, the other waits for it
+    # (they would otherwise share, and delete, the one scratch root).
+    with open(ROOTFS_CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _debootstrap_once(cached)
+    return cached.read_bytes()
+
+
+def _debootstrap_once(cached: Path) -> None:
     if not cached.exists():
-        ROOTFS_CACHE.mkdir(parents=True, exist_ok=True)
         root = ROOTFS_CACHE / "bookworm-python3.tmp"
         shutil.rmtree(root, ignore_errors=True)
         proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root),
@@ -77,7 +87,6 @@ def python_rootfs_tar():
         partial.write_bytes(imagefix.rootfs_tar(root))
         partial.rename(cached)
         shutil.rmtree(root, ignore_errors=True)
-    return cached.read_bytes()
 
 
 # ---------------------------------------------------------------- the two-host lab

@@ -299,6 +299,7 @@ let
     plumbum = hostPy "plumbum" "plumbum";
     matplotlib = hostPy "matplotlib" "matplotlib";
     pytest = hostPy "pytest" "pytest";
+    pytest-xdist = hostPy "pytest-xdist" "xdist";
     hypothesis = hostPy "hypothesis" "hypothesis";
     safetensors = hostPy "safetensors" "safetensors";
     numpy = hostPy "numpy" "numpy";

@@ -1,0 +1,47 @@
+"""CI's verdict must not depend on the draw: .ci/run selects the derandomized hypothesis profile."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ci_selects_the_derandomized_profile():
+    script = (ROOT / ".ci/run").read_text()
+    assert re.search(r"^export .*\bSPARKSTACK_HYPOTHESIS_PROFILE=ci\b", script, re.M), "CI must select the ci profile"
+
+
+@pytest.mark.skipif(os.environ.get("SPARKSTACK_HYPOTHESIS_PROFILE") != "ci", reason="only under CI's profile")
+def test_the_ci_profile_is_deterministic():
+    assert settings.default.derandomize is True
+    assert settings.default.database is None
+
+
+def readme_test_command() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("THE test command"):]
+    return re.search(r"```sh\n(python -m pytest checks[^\n]*)\n```", section).group(1)
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run calls THE test command as README writes it, adding only the JUnit report its table reads."""
+    lines = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line.startswith("python -m pytest")]
+    assert len(lines) == 1, lines
+    assert re.sub(r' --junitxml "\$ci_dir/junit.xml"$', "", lines[0]) == readme_test_command()
+
+
+def test_the_slowest_table_reads_a_junit_report(tmp_path):
+    import slowest
+
+    report = tmp_path / "junit.xml"
+    report.write_text('<testsuites><testsuite name="pytest">'
+                      '<testcase classname="checks.unit.test_a" name="test_fast" time="0.5"/>'
+                      '<testcase classname="checks.lab.test_b" name="test_slow" time="12.25"/>'
+                      '<testcase classname="checks.unit.test_c" name="test_mid" time="3"/>'
+                      '</testsuite></testsuites>')
+    assert slowest.slowest(str(report), 2) == [(12.25, "checks.lab.test_b::test_slow"),
+                                               (3.0, "checks.unit.test_c::test_mid")]
