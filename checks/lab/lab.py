@@ -281,7 +281,7 @@ class Lab:
         if pid:
             stop_pid(pid)
         if mntns is not None:
-            for left in _pids_in_mount_ns(mntns):
+            for left in pids_in_mount_ns(mntns):
                 stop_pid(left, timeout=5)
         if host.name != "head":
             sh("umount", "-l", str(host.home_mount), check=False)
@@ -294,7 +294,7 @@ class Lab:
         shutil.rmtree(self.state, ignore_errors=True)
 
 
-def _pids_in_mount_ns(inode: int) -> list[int]:
+def pids_in_mount_ns(inode: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -303,6 +303,21 @@ def _pids_in_mount_ns(inode: int) -> list[int]:
                     found.append(int(entry.name))
             except OSError:
                 continue
+    return found
+
+
+def machine_processes(host: Host, needle: bytes) -> list[int]:
+    """Pids of the processes on a worker "machine" (its sshd's mount namespace) whose command line holds needle."""
+    pid = host.sshd_pid()
+    if pid is None:
+        return []
+    found = []
+    for other in pids_in_mount_ns(os.stat(f"/proc/{pid}/ns/mnt").st_ino):
+        try:
+            if needle in Path(f"/proc/{other}/cmdline").read_bytes():
+                found.append(other)
+        except OSError:
+            continue  # it ended while we looked
     return found
 
 

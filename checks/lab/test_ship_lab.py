@@ -18,7 +18,7 @@ import pytest
 from huggingface_hub import scan_cache_dir
 
 import shiplab
-from lab import FABRIC_IF, MGMT_IF, veth_bytes
+from lab import FABRIC_IF, MGMT_IF, machine_processes, veth_bytes
 
 REV_A, REV_B = "a" * 40, "b" * 40
 
@@ -165,7 +165,12 @@ def test_a_ship_killed_mid_transfer_resumes_without_resending_what_was_verified(
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
-    time.sleep(0.5)  # ssh sees its stdin close, the helper its EOF; the partial stays
+    # ssh sees its stdin close, the helper its EOF, and exits; the partial stays. Wait for that exit (on a loaded
+    # machine a fixed pause was sometimes shorter, and the resumed ship then met a partial still growing).
+    deadline = time.monotonic() + 60
+    while machine_processes(lab.worker, b"sparkstack-ship-helper"):
+        assert time.monotonic() < deadline, "the killed ship's helper never exited on the worker"
+        time.sleep(0.05)
     left = [p for p in _partials(lab.worker, entry)]
     assert left and all(0 < p.stat().st_size < 96 << 20 for p in left)
     prefix = sum(p.stat().st_size for p in left)
