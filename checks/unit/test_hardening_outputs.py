@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -204,8 +205,13 @@ def test_launch_and_image_build_find_shipped_data_from_any_directory(run_cli, wo
 
 def test_a_wheel_install_carries_overlays_and_recipes_and_pin_refuses_its_copy(tmp_path):
     """pip builds a wheel of ./python; installed (no checkout around), it finds both, and never pins its own copy."""
-    wheels, target = tmp_path / "wheels", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO / "python"),
+    wheels, target, tree = tmp_path / "wheels", tmp_path / "site", tmp_path / "checkout"
+    # Built from a copy: setuptools writes build/ and *.egg-info into the source tree, which a second suite run in
+    # the same checkout was building at the same moment. The data dirs' relative symlinks survive the copy.
+    junk = shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    for part in ("python", "overlays", "recipes"):
+        shutil.copytree(REPO / part, tree / part, symlinks=True, ignore=junk)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(tree / "python"),
                     "-w", wheels], check=True, capture_output=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
                     *wheels.glob("*.whl")], check=True, capture_output=True)

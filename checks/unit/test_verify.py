@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import pytest
 from clirun import sparkstack_cmd
@@ -242,3 +243,18 @@ def test_server_text_in_a_check_line_cannot_drive_the_terminal():
         results = verify(engine.url)
     line = next(r.line() for r in results if r.check == "models")
     assert "\x1b" not in line and "asking evil\\x1b[2Jmodel" in line
+
+
+def test_a_sliver_of_the_timeout_left_runs_no_check():
+    """After a check hung to the deadline, a few ms may be left, more or fewer by the machine's load: the next
+    check is then not run (it failed 'no answer in 0 s' under load), whatever the sliver."""
+    from sparkstack.endpoint.client import Endpoint
+    from sparkstack.verify.checks import MIN_CHECK_S, OutOfTime, Session
+
+    session = Session(Endpoint("http://127.0.0.1:9"), "m", timeout_s=2)
+    for left in (0.0, 0.01, 0.09, MIN_CHECK_S - 0.01):
+        session.deadline = time.monotonic() + left
+        with pytest.raises(OutOfTime, match="the --timeout of 2 s ran out"):
+            session.endpoint()
+    session.deadline = time.monotonic() + 1.5
+    assert session.endpoint().timeout == 1.5

@@ -130,10 +130,16 @@ def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
 def wait_running(rank: RankPlan, runner: Runner, t: Timeouts) -> None:
     deadline = time.monotonic() + t.worker_start_s
     while time.monotonic() < deadline:
-        status, _ = _state(runner, rank.name)
+        status, started = _state(runner, rank.name)
         if status == "running":
             return
         if status in ("exited", "dead", "absent"):
+            # A container that died of a fatal line before we looked gets that line's diagnosis, as in the boot wait.
+            proc = runner.run_docker("logs", "--timestamps", rank.name, timeout=60)
+            logs = proc.stdout + proc.stderr if proc.returncode == 0 else ""
+            tl = parse_rank(rank.rank, logs, _started_epoch(started))
+            if tl.fatal:
+                raise _fatal_line(rank.rank, tl.fatal, logs, t)
             raise LaunchFailed(f"rank {rank.rank} container {rank.name} is {status} right after start",
                                {rank.rank: _logs(runner, rank.name, t.log_tail)})
         time.sleep(0.5)
@@ -215,14 +221,17 @@ def _report_progress(boot: Boot, now: dict[int, tuple[RankTimeline, str, str]], 
     boot.timeline = [tl for _, (tl, _, _) in sorted(now.items())]
 
 
+def _fatal_line(rank: int, fatal, logs: str, t: Timeouts) -> LaunchFailed:
+    return LaunchFailed(f"rank {rank}: fatal boot line at {secs(fatal.at_s)}: {fatal.text[:200]!r}: {fatal.diagnosis}",
+                        {rank: last_lines(logs, t.log_tail)})
+
+
 def _check_boot(plan: LaunchPlan, runners: dict[int, Runner], now: dict[int, tuple[RankTimeline, str, str]],
                 t: Timeouts) -> None:
     """A fatal line ends the wait at once, with that rank's last lines; so does a container that is not running."""
     for rank, (tl, status, logs) in sorted(now.items()):
         if tl.fatal:
-            f = tl.fatal
-            raise LaunchFailed(f"rank {rank}: fatal boot line at {secs(f.at_s)}: {f.text[:200]!r}: {f.diagnosis}",
-                               {rank: last_lines(logs, t.log_tail)})
+            raise _fatal_line(rank, tl.fatal, logs, t)
     for rank, (tl, status, logs) in sorted(now.items()):
         if status != "running":
             name = plan.ranks[rank].name

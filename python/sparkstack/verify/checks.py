@@ -30,6 +30,9 @@ class OutOfTime(CheckFailed):
     """The run's --timeout ran out before or during this check."""
 
 
+MIN_CHECK_S = 0.5  # less of the --timeout left than this, and the next check is not run
+
+
 class Session:
     """What the checks share during one run: the endpoint, the model asked, the deadline, and whether the server
     was found unreachable (then the later checks are not run)."""
@@ -50,7 +53,9 @@ class Session:
         The Endpoint is this run's own (run_verify makes it): its chat calls take no per-request timeout, so the
         attribute is set. Tenths of a second: the failure line says "no answer in 3 s", not "in 2.99561 s"."""
         left = self.left_s()
-        if left <= 0:
+        # A sliver of the budget is not a check: one that hung to the deadline leaves a few ms, more or less by the
+        # machine's load, and the next check would fail "in 0 s" instead of being not run.
+        if left < MIN_CHECK_S:
             raise OutOfTime(f"the --timeout of {self.timeout_s:g} s ran out")
         self._endpoint.timeout = max(0.1, round(left, 1))
         return self._endpoint
