@@ -10,6 +10,7 @@ let
     zstandard
     installer
     requests
+    urllib3
     prometheus-client
     tomlkit
     plumbum

@@ -294,6 +294,7 @@ let
     zstandard = hostPy "zstandard" "zstandard";
     installer = hostPy "installer" "installer";
     requests = hostPy "requests" "requests";
+    urllib3 = hostPy "urllib3" "urllib3";
     prometheus-client = hostPy "prometheus-client" "prometheus_client";
     tomlkit = hostPy "tomlkit" "tomlkit";
     plumbum = hostPy "plumbum" "plumbum";
