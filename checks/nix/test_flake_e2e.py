@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 

@@ -85,6 +85,19 @@ def test_package_nix_imports_every_module_a_command_imports():
     assert {"sparkstack.cli", "sparkstack.fetch", "sparkstack.launch.apply"} <= mods  # the walk finds them
     assert set(listed) == mods, (f"add {sorted(mods - set(listed))}, drop {sorted(set(listed) - mods)}")
 
+# nixpkgs' lib/fetchers.nix proxyImpureEnvVars (read from NixOS/nixpkgs, lib/fetchers.nix).
+NIXPKGS_PROXY_VARS = ["http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "no_proxy",
+                      "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY", "NO_PROXY", "NIX_SSL_CERT_FILE"]
+
+
+def test_blob_fetches_pass_every_variable_nixpkgs_fetchers_pass():
+    text = (ROOT / "nix/base.nix").read_text()
+    m = re.search(r"\bimpureEnvVars = \[([^\]]*)\];", text)
+    assert m, "impureEnvVars not found"
+    listed = re.findall(r'"([^"]+)"', m.group(1))
+    assert listed[:len(NIXPKGS_PROXY_VARS)] == NIXPKGS_PROXY_VARS
+    assert set(listed) - set(NIXPKGS_PROXY_VARS) == {"SPARKSTACK_REGISTRY_MIRROR", "SPARKSTACK_REGISTRY_TIMEOUT"}
+
 def test_the_overlay_input_is_the_rev_overlay_toml_pins():
     source = tomllib.loads((ROOT / "overlays/dflash2/overlay.toml").read_text())["source"]
     flake = (ROOT / "flake.nix").read_text()
