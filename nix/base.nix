@@ -17,8 +17,10 @@ let
     let m = builtins.match "sha256:([0-9a-f]{64})" d.digest; in
     if m == null then throw "nix/pins.json: ${d.digest} is not a sha256 digest" else builtins.head m;
 
-  # Proxies as nixpkgs' fetchers pass them, and the registry mirror (tests point it at a stand-in).
-  impureEnvVars = [ "http_proxy" "https_proxy" "ftp_proxy" "all_proxy" "no_proxy" "HTTP_PROXY" "HTTPS_PROXY" "NO_PROXY"
+  # nixpkgs' fetchers' impure variables (lib/fetchers.nix proxyImpureEnvVars: the proxies, and a CA bundle
+  # for an https proxy), then the registry mirror (tests point it at a stand-in) and its timeout.
+  impureEnvVars = [ "http_proxy" "https_proxy" "ftp_proxy" "all_proxy" "no_proxy"
+    "HTTP_PROXY" "HTTPS_PROXY" "FTP_PROXY" "ALL_PROXY" "NO_PROXY" "NIX_SSL_CERT_FILE"
     "SPARKSTACK_REGISTRY_MIRROR" "SPARKSTACK_REGISTRY_TIMEOUT" ];
 
   # One store path per blob, named and hashed by the blob's own digest: the store path depends on
@@ -41,6 +43,8 @@ let
       cp ${blobSource}/blobs/sha256/${hexOf d} "$out"
     '' else ''
       export HOME="$TMPDIR"
+      # A caller's CA bundle (an https proxy's: why nixpkgs passes NIX_SSL_CERT_FILE) over cacert's.
+      if [ -n "''${NIX_SSL_CERT_FILE:-}" ]; then export SSL_CERT_FILE="$NIX_SSL_CERT_FILE" REQUESTS_CA_BUNDLE="$NIX_SSL_CERT_FILE"; fi
       sparkstack pin fetch ${d.digest} --pins ${pinsFile} --out "$out" --no-digest-check
     '');
 

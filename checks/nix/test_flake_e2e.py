@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 
@@ -33,31 +32,15 @@ import pytest
 
 import imagefix as fx
 from clirun import sparkstack_cmd
+from nixrun import STUB_VENV, TIMEOUT, required, run, working_tree_clone
 from registry_standin import OCI_INDEX, OCI_MANIFEST, Repo, Standin
 
 ROOT = Path(__file__).resolve().parents[2]
-STUB_VENV = Path("/opt/sparkstack-nix-stub-venv")
 REPO, TAG, NEW_TAG = "tonyd2wild/vllm-glm53-flash", "sm121-v8", "sm121-v9"
 REF = f"ghcr.io/{REPO}:{TAG}"
 # The files the shipped overlay's registry_and_select step declares it touches, beyond the fixture base's.
 EXTRA_VLLM_FILES = ["model_executor/models/qwen3_dflash.py", "v1/worker/gpu/spec_decode/speculator.py",
                     "config/vllm.py", "model_executor/layers/logits_processor.py"]
-TIMEOUT = 900
-
-
-def required(what: str, ok: bool, hint: str) -> None:
-    if ok:
-        return
-    if os.environ.get("SPARKSTACK_REQUIRE_TOOLS"):
-        pytest.fail(f"{what} is required here (SPARKSTACK_REQUIRE_TOOLS is set): {hint}")
-    pytest.skip(f"{what} missing: {hint}")
-
-
-def run(argv, cwd, env=None, check=0, timeout=TIMEOUT):
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if check is not None:
-        assert proc.returncode == check, f"{argv}: exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
 
 
 def base_layers(filler_bytes: int) -> list:
@@ -86,23 +69,6 @@ def add_image(repo: Repo, tmp: Path, tag: str, filler_bytes: int) -> dict:
     repo.add_manifest(json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode(),
                       OCI_INDEX, tag)
     return arm
-
-
-def working_tree_clone(dest: Path) -> Path:
-    """`git clone` of this checkout, then its working tree as it is (uncommitted and new files too), staged."""
-    required("git", shutil.which("git") is not None, "apt-get install git")
-    assert (ROOT / ".git").exists(), f"{ROOT} is not a git checkout"
-    run(["git", "clone", "-q", "--no-hardlinks", ROOT, dest], cwd=dest.parent)
-    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT).stdout
-    for rel in filter(None, listed.split("\0")):
-        src, dst = ROOT / rel, dest / rel
-        if dst.is_symlink() or dst.exists():
-            dst.unlink()
-        if src.is_symlink() or src.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst, follow_symlinks=False)
-    run(["git", "add", "-A"], cwd=dest)
-    return dest
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The flake's files agree with the rest of the checkout; no Nix build needed (nix-instantiate only parses).
 
-- nix/package.nix names exactly pyproject.toml's dependencies, test extra and version;
+- nix/package.nix names exactly pyproject.toml's dependencies, test extra and version, and its
+  pythonImportsCheck names every sparkstack module cli.py imports (what a user's command imports);
 - flake.nix's overlay input is the repo and full rev overlays/dflash2/overlay.toml pins;
 - flake.lock holds nixpkgs' real entry (NIX.md) and no overlay entry (its narHash cannot be known here);
 - nix/fixture-pins.json is what the fixture generator gives now;
@@ -53,6 +54,49 @@ def test_package_nix_names_exactly_the_pyproject_dependencies():
     assert re.search(rf'version = "{re.escape(project["version"])}";', text)
     assert 'mainProgram = "sparkstack";' in text and "pyproject = true;" in text
 
+
+def command_modules() -> set[str]:
+    """sparkstack.cli and every sparkstack module it imports, at any depth (each command imports its own)."""
+    import ast
+
+    py = ROOT / "python"
+
+    def is_module(dotted: str) -> bool:
+        p = py / dotted.replace(".", "/")
+        return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+    mods = {"sparkstack.cli"}
+    for n in ast.walk(ast.parse((py / "sparkstack/cli.py").read_text())):
+        if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == "sparkstack":
+            mods.add(n.module)
+            mods.update(f"{n.module}.{a.name}" for a in n.names if is_module(f"{n.module}.{a.name}"))
+        elif isinstance(n, ast.Import):
+            mods.update(a.name for a in n.names if a.name.split(".")[0] == "sparkstack")
+    return mods
+
+
+def test_package_nix_imports_every_module_a_command_imports():
+    text = (ROOT / "nix/package.nix").read_text()
+    m = re.search(r"\bpythonImportsCheck = \[([^\]]*)\];", text)
+    assert m, "pythonImportsCheck not found"
+    listed = re.findall(r'"([^"]+)"', m.group(1))
+    assert len(listed) == len(set(listed))
+    mods = command_modules()
+    assert {"sparkstack.cli", "sparkstack.fetch", "sparkstack.launch.apply"} <= mods  # the walk finds them
+    assert set(listed) == mods, (f"add {sorted(mods - set(listed))}, drop {sorted(set(listed) - mods)}")
+
+# nixpkgs' lib/fetchers.nix proxyImpureEnvVars (read from NixOS/nixpkgs, lib/fetchers.nix).
+NIXPKGS_PROXY_VARS = ["http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "no_proxy",
+                      "HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "ALL_PROXY", "NO_PROXY", "NIX_SSL_CERT_FILE"]
+
+
+def test_blob_fetches_pass_every_variable_nixpkgs_fetchers_pass():
+    text = (ROOT / "nix/base.nix").read_text()
+    m = re.search(r"\bimpureEnvVars = \[([^\]]*)\];", text)
+    assert m, "impureEnvVars not found"
+    listed = re.findall(r'"([^"]+)"', m.group(1))
+    assert listed[:len(NIXPKGS_PROXY_VARS)] == NIXPKGS_PROXY_VARS
+    assert set(listed) - set(NIXPKGS_PROXY_VARS) == {"SPARKSTACK_REGISTRY_MIRROR", "SPARKSTACK_REGISTRY_TIMEOUT"}
 
 def test_the_overlay_input_is_the_rev_overlay_toml_pins():
     source = tomllib.loads((ROOT / "overlays/dflash2/overlay.toml").read_text())["source"]

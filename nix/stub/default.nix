@@ -6,9 +6,10 @@
 #     (strict bash; stdenv's SOURCE_DATE_EPOCH default of 315532800; PATH from the inputs' bin/ and
 #     a set of host coreutils-like tools standing in for stdenv's);
 #   - host programs (skopeo, umoci, nix) are linked into the store from /usr/bin;
-#   - python3 is the host venv /opt/sparkstack-nix-stub-venv (nix/stub/make-venv); python3Packages.*
-#     are names the stub checks that venv can import; buildPythonApplication installs `src` itself
-#     (`pip install --no-deps --no-index`) into $out, never an editable or prior install.
+#   - python3 is the host venv /opt/sparkstack-nix-stub-venv (nix/stub/make-venv: the versions
+#     ../nixpkgs-versions.toml records for nixpkgs); python3Packages.* are names the stub checks that
+#     venv can import; buildPythonApplication builds `src` into a wheel, fails where nixpkgs'
+#     pythonRuntimeDepsCheckHook would, and installs that wheel into $out (never an editable or prior install).
 # Builds are impure (host paths, host venv): fine for a stand-in, never for a real nixpkgs.
 { system }:
 let
@@ -244,15 +245,20 @@ let
   # A package the host venv must provide: its PyPI name and the module it is imported by.
   hostPy = pname: importName: { inherit pname importName; version = "host"; pythonModule = python3; };
 
+  # As nixpkgs' pyproject build: unpackPhase (the tree outside sourceRoot stays read-only), the wheel
+  # (pypaBuildPhase), pythonRuntimeDepsCheckHook (./runtime-deps-check.py: every Requires-Dist of the
+  # wheel satisfied by the installed version, else one line each and the build fails), the install,
+  # wrapPythonPrograms, and pythonImportsCheck (every module named, in one interpreter).
   buildPythonApplication =
     { pname, version, src, pyproject ? null, format ? null, sourceRoot ? null
     , build-system ? [ ], dependencies ? [ ], optional-dependencies ? { }
     , nativeBuildInputs ? [ ], buildInputs ? [ ], nativeCheckInputs ? [ ], doCheck ? false
-    , pythonImportsCheck ? [ ], meta ? { }, passthru ? { }, ... }:
+    , pythonImportsCheck ? [ ], pythonRelaxDeps ? [ ], preBuild ? "", meta ? { }, passthru ? { }, ... }:
     assert pyproject == true; # the only build path this stand-in has
+    assert builtins.isList pythonRelaxDeps; # nixpkgs also takes `true`; this flake relaxes nothing
     runCommand "${pname}-${version}"
       {
-        inherit src;
+        inherit src preBuild;
         nativeBuildInputs = nativeBuildInputs;
         passthru = passthru // { inherit dependencies optional-dependencies; };
         inherit meta;
@@ -260,13 +266,21 @@ let
       ''
         ${pyWrapper}
         need_venv
-        need_imports ${builtins.concatStringsSep " " (importNames (build-system ++ dependencies))}
-        # unpackPhase: the source dir is named after its store path, minus the hash.
+        need_imports packaging ${builtins.concatStringsSep " " (importNames (build-system ++ dependencies))}
+        # unpackPhase: the source dir is named after its store path, minus the hash; copied with the
+        # store's read-only modes, and only sourceRoot made writable.
         name=$(basename "$src"); name=''${name#*-}
-        cp -r --no-preserve=mode "$src" "$name"
-        cd ${if sourceRoot == null then "\"$name\"" else escapeShellArg sourceRoot}
-        ${venv}/bin/python3 -m pip install --quiet --no-deps --no-index --no-build-isolation --no-cache-dir \
-          --disable-pip-version-check --no-warn-script-location --prefix "$out" .
+        cp -r --preserve=timestamps "$src" "$name"
+        sourceRoot=${if sourceRoot == null then "\"$name\"" else escapeShellArg sourceRoot}
+        chmod -R u+w -- "$sourceRoot"
+        cd "$sourceRoot"
+        eval "$preBuild"
+        ${venv}/bin/python3 -m pip wheel --quiet --no-deps --no-index --no-build-isolation --no-cache-dir \
+          --disable-pip-version-check -w "$TMPDIR/dist" .
+        ${venv}/bin/python3 ${./runtime-deps-check.py} "$TMPDIR"/dist/*.whl \
+          --relax ${builtins.concatStringsSep " " (map escapeShellArg pythonRelaxDeps)}
+        ${venv}/bin/python3 -m pip install --quiet --no-deps --no-index --no-cache-dir \
+          --disable-pip-version-check --no-warn-script-location --prefix "$out" "$TMPDIR"/dist/*.whl
         # wrapPythonPrograms, by hand: each script runs the venv's python with $out's site-packages first.
         for f in "$out"/bin/*; do
           n=$(basename "$f")
@@ -278,7 +292,8 @@ let
           } > "$out/bin/$n"
           chmod +x "$out/bin/$n"
         done
-        ${concatMapLines (m: "PYTHONPATH=$out/${sitePackages} ${venv}/bin/python3 -c ${escapeShellArg "import ${m}"}") pythonImportsCheck}
+        PYTHONPATH=$out/${sitePackages} ${venv}/bin/python3 -c 'import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]' \
+          ${builtins.concatStringsSep " " (map escapeShellArg pythonImportsCheck)}
       '';
 
   python3Packages = {
@@ -294,6 +309,7 @@ let
     zstandard = hostPy "zstandard" "zstandard";
     installer = hostPy "installer" "installer";
     requests = hostPy "requests" "requests";
+    urllib3 = hostPy "urllib3" "urllib3";
     prometheus-client = hostPy "prometheus-client" "prometheus_client";
     tomlkit = hostPy "tomlkit" "tomlkit";
     plumbum = hostPy "plumbum" "plumbum";

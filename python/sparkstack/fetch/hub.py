@@ -87,10 +87,26 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
+def _transport_error() -> type[Exception]:
+    """The transport error of the HTTP client the installed huggingface_hub speaks: httpx for 1.x (what
+    nixpkgs carries), httpx2 for 2.x. Neither is sparkstack's own dependency: each comes with the major
+    that needs it (checks/unit/test_declared_imports.py holds that to the installed huggingface_hub's
+    requirements), and the fetch suites run under both (checks/nix/test_hub_majors.py)."""
+    import huggingface_hub
+
+    if int(huggingface_hub.__version__.split(".")[0]) >= 2:
+        import httpx2
+
+        return httpx2.TransportError
+    import httpx
+
+    return httpx.TransportError
+
+
 @contextmanager
 def hub_errors(what: str) -> Iterator[None]:
     """huggingface_hub's and its transport's exceptions, as one line about `what` (e.g. `org/name@rev`)."""
-    import httpx2  # huggingface_hub's own HTTP client (a dependency of the pinned major): its transport errors
+    _library()  # first: huggingface_hub 1.x reads its settings when its errors module is imported
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -101,7 +117,7 @@ def hub_errors(what: str) -> Iterator[None]:
         RevisionNotFoundError,
     )
 
-    _library()
+    transport_error = _transport_error()
     try:
         yield
     except OfflineModeIsEnabled:
@@ -119,7 +135,7 @@ def hub_errors(what: str) -> Iterator[None]:
         code = exc.response.status_code if exc.response is not None else "?"
         url = exc.response.url if exc.response is not None else None
         raise SparkstackError(f"{what}: {_answered(url)} answered HTTP {code}") from None
-    except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
+    except (transport_error, LocalEntryNotFoundError) as exc:
         raise SparkstackError(f"{what}: cannot reach {_answered(_request_url(exc))} ({_first_line(exc)})") from None
     except (json.JSONDecodeError, KeyError, TypeError) as exc:  # an answer huggingface_hub could not parse
         raise SparkstackError(f"{what}: the hub at {endpoint()} gave an answer that makes no sense "

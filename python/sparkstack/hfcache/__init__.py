@@ -19,8 +19,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub.utils.sha import git_hash
-
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import probe
@@ -138,6 +136,10 @@ def no_mtp_destination(source: ModelSource) -> Path:
 
 def git_blob_name(data: bytes) -> str:
     """The name the hub gives a small (non-LFS) file's blob: its git blob sha1."""
+    # Imported here: huggingface_hub 1.x reads its settings (HF_HUB_ETAG_TIMEOUT, ...) when its utils are
+    # imported, and fetch checks those first, to name a bad one in one line.
+    from huggingface_hub.utils.sha import git_hash
+
     return git_hash(data)
 
 
