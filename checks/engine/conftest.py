@@ -2,7 +2,8 @@
 
 Two servers for the whole session, booted side by side (each ~100 s of one core):
 - `spec`: ngram speculative decoding and both GLM parsers (glm45 reasoning, glm47 tools, auto tool choice);
-- `plain`: no drafter and no parsers. It is the one killed and restarted mid-soak.
+- `plain`: no drafter and no parsers, chunks coalesced by `--stream-interval 8`. It is the one killed and
+  restarted mid-soak.
 
 vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
 fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every test here is in one xdist group
@@ -25,6 +26,11 @@ from vllm_server import NGRAM, Server  # noqa: E402
 MODEL_NAME = "tiny"
 SPEC_ARGS = ["--speculative-config", NGRAM, "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
              "--enable-auto-tool-choice"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs a group's tests on one worker "
+                                       "(with --dist loadgroup)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -70,7 +76,8 @@ class Engines:
 @pytest.fixture(scope="session")
 def engines(vllm_py, tiny_model, tmp_path_factory, request) -> Engines:
     servers = Engines(Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-spec"), SPEC_ARGS),
-                      Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-plain"), []))
+                      Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-plain"),
+                             ["--stream-interval", "8"]))
     for s in (servers.spec, servers.plain):
         request.addfinalizer(s.stop)  # registered before the start: stopped even when a boot fails
         s.start()
