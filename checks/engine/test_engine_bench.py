@@ -106,7 +106,7 @@ def test_coalesced_chunks_give_no_itl_that_is_not_one(run_cli, plain_server):
     proc, cell = _bench_cell(run_cli, plain_server.url, 1)
     after = _scrape(plain_server.url)
     server = metrics.server_timing(before, after)
-    assert server.requests == ROUNDS
+    assert cell["server_timing"]["requests"] == server.requests >= ROUNDS  # a noisy block runs once more
     notes = " ".join(cell["timing_notes"])
     assert "ITL percentiles withheld" in notes, cell
     assert cell["itl_p50_s"] is None
