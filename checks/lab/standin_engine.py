@@ -97,6 +97,11 @@ class Behaviour:
     counters: tuple = ()                  # (name, value) pairs the counters start from
     api_key: str = ""                     # /v1/ requests need "Authorization: Bearer <key>", as vLLM's --api-key
     step_delay_per_request: float = 0.0   # added to each step per running request: a bigger batch steps slower
+    burst: bool = False                   # hold a stream's chunks and send them at once at its end, as a lagging
+                                          # API server does (the engine still times the decode: its histograms)
+    logprob: float = -0.5                 # each sampled token's logprob, when a request asks for logprobs
+    corrupt_every: int = 0                # every n-th sampled token comes back with logprob -113.0 (FACTS §8)
+    histograms: bool = True               # vLLM's per-request timing histograms (decode time, ITL, TPOT)
 
     @classmethod
     def from_env(cls, env) -> "Behaviour":
@@ -171,6 +176,8 @@ class Engine:
         self.stopping = threading.Event()
         self.c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "prompt_tokens": 0, "generation_tokens": 0,
                   "prefix_queries": 0, "prefix_hits": 0, "preemptions": 0, "requests": 0}
+        # vLLM's per-request histograms, as _sum and _count: decode time, generated tokens, ITL (per step), TPOT
+        self.h = {"decode": [0.0, 0], "tokens": [0.0, 0], "itl": [0.0, 0], "tpot": [0.0, 0]}
         self.c.update(dict(self.b.counters))
         self.per_pos = [0] * self.b.spec_tokens
         self.running = 0
@@ -216,6 +223,20 @@ class Engine:
         with self.lock:
             self.c["generation_tokens"] += n
 
+    def record_request(self, step_times, tokens):
+        """A finished request, observed as vLLM's engine observes it: decode from first token to last."""
+        with self.lock:
+            decode = step_times[-1] - step_times[0] if step_times else 0.0
+            for name, value in (("decode", decode), ("tokens", tokens)):
+                self.h[name][0] += value
+                self.h[name][1] += 1
+            for a, b in zip(step_times, step_times[1:]):
+                self.h["itl"][0] += b - a
+                self.h["itl"][1] += 1
+            if tokens > 1:
+                self.h["tpot"][0] += decode / (tokens - 1)
+                self.h["tpot"][1] += 1
+
     # -- decoding
     def steps(self, max_tokens, delay):
         """Yield each step's tokens: the prefill's one token, then accepted + 1 per draft, until the cycles or
@@ -260,6 +281,16 @@ class Engine:
                  [({"position": str(i)}, v) for i, v in enumerate(per_pos)]),
             ]
         lines = []
+        if self.b.histograms:
+            with self.lock:
+                h = {k: list(v) for k, v in self.h.items()}
+            for name, key in (("vllm:request_decode_time_seconds", "decode"),
+                              ("vllm:request_generation_tokens", "tokens"), ("vllm:inter_token_latency_seconds", "itl"),
+                              ("vllm:request_time_per_output_token_seconds", "tpot")):
+                text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                lines += [f"# HELP {name} {name} (stand-in)", f"# TYPE {name} histogram",
+                          f'{name}_bucket{{{text},le="+Inf"}} {float(h[key][1])}',
+                          f"{name}_count{{{text}}} {float(h[key][1])}", f"{name}_sum{{{text}}} {float(h[key][0])}"]
         for name, kind, samples in families:
             exposed = name + "_total" if kind == "counter" else name
             lines += [f"# HELP {exposed} {name} (stand-in)", f"# TYPE {exposed} {kind}"]
@@ -433,9 +464,26 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         head = {"id": "chatcmpl-standin", "created": created, "model": b.model}
 
-        def chunk(delta, finish=None):
-            return {**head, "object": "chat.completion.chunk",
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        want_logprobs = bool(body.get("logprobs"))
+        sampled = [0]
+
+        def logprobs(n):
+            """The logprobs block of n sampled tokens, as vLLM writes it."""
+            out = []
+            for _ in range(n):
+                sampled[0] += 1
+                bad = b.corrupt_every and sampled[0] % b.corrupt_every == 0
+                out.append({"token": "x", "logprob": -113.0 if bad else b.logprob, "bytes": [120], "top_logprobs": []})
+            return {"content": out}
+
+        def chunk(delta, finish=None, n=0):
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            if want_logprobs and n:
+                choice["logprobs"] = logprobs(n)
+            return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+        held = []
+        emit = held.append if (stream and b.burst) else self._event
 
         if stream:
             self.send_response(200)
@@ -446,9 +494,11 @@ class Handler(BaseHTTPRequestHandler):
             if b.role_delay:
                 time.sleep(b.role_delay)
         reasoning, content, tool_args_sent, completion = [], [], False, 0
+        step_times, all_logprobs = [], []
         name, args = self._tool_call(body, prompt) if body.get("tools") else (None, None)
         for n, field, text in self._pieces(body, delay):
             completion += n
+            step_times.append(time.monotonic())
             self.engine.record_tokens(n)
             if field == "reasoning":
                 reasoning.append(text)
@@ -475,7 +525,12 @@ class Handler(BaseHTTPRequestHandler):
                     self._raw("data: {\"choices\": [ this is not json\n\n")
                     self._raw("")
                     return
-                self._event(chunk(delta))
+                emit(chunk(delta, n=n))
+            elif want_logprobs:
+                all_logprobs += logprobs(n)["content"]
+        self.engine.record_request(step_times, completion)
+        for doc in held:
+            self._event(doc)
         finish = "tool_calls" if tool_args_sent and b.tool_fault != "leak" else "stop"
         if not stream:
             message = {"role": "assistant", "content": "".join(content) or None}
@@ -487,8 +542,10 @@ class Handler(BaseHTTPRequestHandler):
             if tool_args_sent and b.tool_fault != "leak":
                 message["tool_calls"] = [{"id": "call_standin", "type": "function",
                                           "function": {"name": name, "arguments": args}}]
-            self._send(200, json.dumps({**head, "object": "chat.completion",
-                                        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            if want_logprobs:
+                choice["logprobs"] = {"content": all_logprobs}
+            self._send(200, json.dumps({**head, "object": "chat.completion", "choices": [choice],
                                         "usage": _usage(prompt_tokens, completion)}))
             return
         self._event(chunk({}, finish))

@@ -57,7 +57,8 @@ def test_the_pattern_gives_its_acceptance_length_and_rates_exactly(run_cli):
         assert list(cell) == ["concurrency", "category", "output_tok_s", "per_stream_tok_s", "ttft_first_chunk_p50_s",
                               "ttft_content_p50_s", "ttft_content_p95_s", "itl_p50_s", "itl_p95_s", "itl_p99_s",
                               "tpot_p50_s", "errors", "drafts", "draft_tokens", "accepted_tokens",
-                              "acceptance_length", "per_position", "steps_per_s", "rounds", "flags"]
+                              "acceptance_length", "per_position", "steps_per_s", "rounds", "server_timing",
+                                  "timing_notes", "sampled_tokens", "implausible_tokens", "flags"]
         assert all(list(r) == ["output_tok_s", "acceptance_length", "steps_per_s"] for r in cell["rounds"])
     for cell in doc["cells"]:
         requests = cell["concurrency"] * rounds

@@ -239,7 +239,7 @@ def test_a_window_record_from_known_requests():
     assert w["requests"] == 3 and w["ok"] == 2 and w["errors"] == {"http_500": 1}
     assert w["ttft_s"] == {"p50": 0.2, "p90": 0.28, "p99": 0.298}
     assert w["tok_s"] == 10.0 and w["acceptance_length"] == 3.5 and w["acceptance_spread"] == 0.0
-    assert w["stream_tok_s"] == {"mean": 25.0, "spread": 0.2}
+    assert w["stream_tok_s"] == {"mean": 25.0, "spread": 0.2, "source": "chunks"}
     assert w["kv_usage"] == {"last": 0.5, "max": 0.5} and w["health"] == {"polls": 10, "healthy": 9, "flaps": 1}
 
 

@@ -40,7 +40,7 @@ def cli(*args, env=None):
 
 
 def test_the_checks_are_the_ones_asked_for():
-    assert NAMES == ["health", "models", "chat", "stream-usage", "tool-call", "reasoning", "spec-decode",
+    assert NAMES == ["health", "models", "chat", "stream-usage", "tool-call", "reasoning", "spec-decode", "sampling",
                      "image", "fffd", "prefix-cache"]
     assert {c.name for c in CHECKS if not c.required} == {"image", "fffd", "prefix-cache"}
 

@@ -918,16 +918,18 @@ def _api_key(name: str) -> str | None:
 @_api_key_env_opt
 @click.option("--timeout", type=FiniteFloat(0.1, 86400), default=300.0, show_default=True,
               help="Seconds for the whole run; each request waits at most what is left of it.")
+@click.option("--temperature", type=FiniteFloat(0, 2), default=1.0, show_default=True,
+              help="The serving temperature, for the sampling check (the model's own default: 1.0).")
 @click.option("--dry-run", is_flag=True, help="Print the checks it would run; send no request.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"checks": [{"check", "status", "detail"}]}.')
 @one_line_errors
-def verify_cmd(url, model, api_key_env, timeout, dry_run, as_json) -> None:
+def verify_cmd(url, model, api_key_env, timeout, temperature, dry_run, as_json) -> None:
     """Prove a served endpoint works: /health, chat, streamed usage, a tool call, the reasoning split and spec
     decode (required); an image part, a U+FFFD probe and the prefix cache (warn only). Exit 1 if a required
     check fails."""
     from sparkstack.verify import plan_verify, run_verify, verdict
 
-    plan = plan_verify(url, model, api_key_env, os.environ, timeout)
+    plan = plan_verify(url, model, api_key_env, os.environ, timeout, temperature)
     if dry_run:
         _print_json(plan.to_json()) if as_json else click.echo("\n".join(plan.lines()))
         return

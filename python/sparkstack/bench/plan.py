@@ -67,8 +67,9 @@ class BenchPlan:
     def body(self, block: Block, attempt: int, round_no: int, stream: int) -> dict:
         s = self.settings
         salt = f"{self.salt}-{block.concurrency}-{block.category}-{attempt}-{round_no}-{stream}"
-        return self.suite.body(block.category, round_no * block.concurrency + stream, salt, model=s.model or "",
+        body = self.suite.body(block.category, round_no * block.concurrency + stream, salt, model=s.model or "",
                                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p)
+        return body | {"logprobs": True}  # each sampled token's logprob: the sampling-integrity count
 
     def to_json(self) -> dict:
         return {"suite_version": self.suite.version, "settings": self.settings.to_json(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..endpoint import metrics, stats
+from ..endpoint import metrics, stats, timing
 from ..endpoint.client import StreamResult
 from ..endpoint.client import printable
 from .batch import Batch
@@ -24,7 +24,8 @@ SPEC_DECODE_COLLAPSE = "spec_decode_collapse"
 NO_SPEC_METRICS = "no_spec_metrics"
 SERVER_BUSY = "server_busy"
 NOISY = "noisy"
-FLAG_ORDER = (SPEC_DECODE_COLLAPSE, NO_SPEC_METRICS, SERVER_BUSY, NOISY)
+IMPLAUSIBLE_SAMPLES = "implausible_samples"  # sampled tokens honest sampling does not draw (endpoint.stats)
+FLAG_ORDER = (SPEC_DECODE_COLLAPSE, NO_SPEC_METRICS, SERVER_BUSY, NOISY, IMPLAUSIBLE_SAMPLES)
 NOISY_SPREAD = 0.10  # rounds further apart than this, as a fraction of their mean, are noise, not a figure
 
 # The result figures of a cell, in contract order; withheld when the cell is flagged.
@@ -62,6 +63,10 @@ class Cell:
     first_error: str | None = None
     rerun: bool = False
     no_usage: int = 0  # streams that sent no usage chunk: the token rates are withheld
+    server: metrics.ServerTiming | None = None  # the server's own timing of the cell's requests
+    timing_notes: tuple[str, ...] = ()  # where chunk timing was not a measurement, and what stands instead
+    sampled_tokens: int = 0  # tokens whose logprob came back
+    implausible_tokens: int = 0  # of them, below endpoint.stats.implausible_logprob
 
     @property
     def name(self) -> str:
@@ -80,6 +85,10 @@ class Cell:
         doc["per_position"] = None if flagged or spec is None else list(spec.per_position)
         doc["steps_per_s"] = None if flagged else self.steps_per_s
         doc["rounds"] = [r.to_json(bool(self.no_usage)) for r in self.rounds]
+        doc["server_timing"] = self.server.to_json() if self.server else None
+        doc["timing_notes"] = list(self.timing_notes)
+        doc["sampled_tokens"] = self.sampled_tokens
+        doc["implausible_tokens"] = self.implausible_tokens
         doc["flags"] = list(self.flags)
         return doc
 
@@ -100,10 +109,14 @@ class Cell:
                 out.append(f"{self.name}: {flag}: the server exposes no spec-decode counters on /metrics")
             elif flag == SERVER_BUSY:
                 out.append(f"{self.name}: {flag}: requests were running when the bench started")
+            elif flag == IMPLAUSIBLE_SAMPLES:
+                out.append(f"{self.name}: {flag}: {self.implausible_tokens} of {self.sampled_tokens} sampled tokens "
+                           "have a logprob honest sampling does not give: the server corrupts samples")
             elif flag == NOISY:
                 tok = [r.output_tok_s for r in self.rounds]
                 out.append(f"{self.name}: {flag}: rounds spread {stats.spread(tok):.0%} in tok/s ("
                            + ", ".join(f"{t:.1f}" for t in tok) + ") after one rerun")
+        out.extend(f"{self.name}: timing: {n}" for n in self.timing_notes)
         return out
 
 
@@ -133,9 +146,21 @@ def _tpot(r: StreamResult) -> float | None:
     return r.tpot_s if len(r.token_times_s) >= 2 else None
 
 
+def _decode_s(results: list[StreamResult], server: metrics.ServerTiming | None) -> tuple[float, str | None]:
+    """The streams' summed decode time, and why it is the server's (or None: withheld) rather than the chunks'."""
+    doubt = timing.decode_doubt(results, server)
+    if doubt is None:
+        return sum(r.decode_s or 0.0 for r in results), None
+    return (server.decode_s if server else 0.0), doubt
+
+
+def _server(before, after) -> metrics.ServerTiming | None:
+    return metrics.server_timing(before, after) if before is not None and after is not None else None
+
+
 def _round(batch: Batch) -> Round:
     results = batch.results
-    decode = sum(r.decode_s or 0.0 for r in results)
+    decode, _ = _decode_s(list(results), _server(batch.before, batch.after))
     spec = batch.spec
     tokens = sum(r.output_tokens for r in results)
     return Round(tokens / batch.wall_s if batch.wall_s > 0 else None,
@@ -148,14 +173,29 @@ def noisy(batches: list[Batch]) -> bool:
     return spread is not None and spread > NOISY_SPREAD
 
 
-def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool = False) -> Cell:
-    """The cell of one block from its rounds' batches (chained scrapes: the first's before, the last's after)."""
+def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool = False,
+              temperature: float = 1.0) -> Cell:
+    """The cell of one block from its rounds' batches (chained scrapes: the first's before, the last's after).
+
+    Per-stream figures stand on chunk timing only where it measures (endpoint.timing): otherwise tok/s and steps/s
+    per stream are the server's (its decode-time histogram), and TPOT or ITL percentiles are withheld, with a note."""
     results = [r for b in batches for r in b.results]
     failures = [o for b in batches for o in b.failures]
     first, last = batches[0], batches[-1]
     spec = metrics.spec_delta(first.before, last.after) if first.before and last.after else None
-    decode = sum(r.decode_s or 0.0 for r in results)
-    decoded = sum(r.output_tokens - 1 for r in results if r.decode_s)  # tokens after the first, as decoded
+    server = _server(first.before, last.after)
+    decode, decode_doubt = _decode_s(results, server)
+    itl_doubt = timing.itl_doubt(results, server)
+    notes = []
+    if decode_doubt:
+        notes.append(f"{decode_doubt}: per-stream tok/s and steps/s are the server's (its decode-time histogram)"
+                     if server else f"{decode_doubt}: per-stream tok/s, steps/s and TPOT withheld")
+        if server and server.tpot_mean_s is not None:
+            notes.append(f"TPOT p50 withheld; the server's mean TPOT is {server.tpot_mean_s * 1000:.2f} ms")
+    if itl_doubt:
+        notes.append(f"{itl_doubt}: ITL percentiles withheld; the server's mean ITL is "
+                     f"{server.itl_mean_s * 1000:.2f} ms")
+    decoded = sum(r.output_tokens - 1 for r in results if r.output_tokens > 1 and (decode_doubt or r.decode_s))
     wall = sum(b.wall_s for b in batches)
     ttft_content = [r.first_token_s for r in results]
     itls = [x for r in results for x in r.itls_s]
@@ -165,12 +205,14 @@ def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool 
         "ttft_first_chunk_p50_s": stats.percentile([r.first_chunk_s for r in results], 50),
         "ttft_content_p50_s": stats.percentile(ttft_content, 50),
         "ttft_content_p95_s": stats.percentile(ttft_content, 95),
-        "itl_p50_s": stats.percentile(itls, 50),
-        "itl_p95_s": stats.percentile(itls, 95),
-        "itl_p99_s": stats.percentile(itls, 99),
-        "tpot_p50_s": stats.percentile([_tpot(r) for r in results], 50),
+        "itl_p50_s": None if itl_doubt else stats.percentile(itls, 50),
+        "itl_p95_s": None if itl_doubt else stats.percentile(itls, 95),
+        "itl_p99_s": None if itl_doubt else stats.percentile(itls, 99),
+        "tpot_p50_s": None if decode_doubt else stats.percentile([_tpot(r) for r in results], 50),
     }
-    found = set(flags)
+    logprobs = [v for r in results for v in r.logprobs]
+    implausible = stats.implausible_tokens(logprobs, temperature)
+    found = set(flags) | ({IMPLAUSIBLE_SAMPLES} if implausible else set())
     if spec is None:
         found.add(NO_SPEC_METRICS)
     elif spec.collapsed:
@@ -178,7 +220,8 @@ def make_cell(block: Block, batches: list[Batch], flags: list[str], rerun: bool 
     return Cell(block.concurrency, block.category, figures, len(failures), spec,
                 spec.drafts / decode if spec and decode > 0 else None, tuple(_round(b) for b in batches),
                 tuple(f for f in FLAG_ORDER if f in found), len(results) + len(failures),
-                failures[0].error if failures else None, rerun, sum(not _counted(r) for r in results))
+                failures[0].error if failures else None, rerun, sum(not _counted(r) for r in results), server,
+                tuple(notes), len(logprobs), implausible)
 
 
 @dataclass(frozen=True)

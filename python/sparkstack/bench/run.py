@@ -69,7 +69,7 @@ def run_bench(plan: BenchPlan, endpoint: Endpoint, *, force: bool = False,
                 raise
             return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings), str(exc))
         flags = ([SERVER_BUSY] if busy else []) + ([NOISY] if rerun and noisy(batches) else [])
-        cells.append(make_cell(block, batches, flags, rerun))
+        cells.append(make_cell(block, batches, flags, rerun, plan.settings.temperature))
     return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings))
 
 

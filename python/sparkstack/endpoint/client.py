@@ -77,6 +77,7 @@ class StreamResult:
     finish_reason: str | None
     usage: dict | None
     chunks: int
+    logprobs: tuple[float, ...] = ()  # each sampled token's logprob, when the request asked for logprobs
 
     @property
     def output_tokens(self) -> int:
@@ -115,6 +116,7 @@ class _Accumulator:
     tools: dict[int, dict] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict | None = None
+    logprobs: list[float] = field(default_factory=list)
 
     def add(self, chunk: dict) -> bool:
         """Fold one chunk in; True when it carried generated text."""
@@ -130,6 +132,7 @@ class _Accumulator:
                 raise TypeError("delta is not an object")
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+            self.logprobs.extend(sampled_logprobs(choice))
             if isinstance(delta.get("content"), str) and delta["content"]:
                 self.content.append(delta["content"])
                 carried = True
@@ -149,6 +152,20 @@ class _Accumulator:
                 slot["arguments"] += fn.get("arguments") or ""
                 carried = True
         return carried
+
+
+def sampled_logprobs(choice: dict) -> list[float]:
+    """The logprob of each sampled token in a choice (streamed or not): `logprobs.content[*].logprob`."""
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if not isinstance(content, list):
+        return []
+    out = []
+    for entry in content:
+        v = entry.get("logprob") if isinstance(entry, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(float(v))
+    return out
 
 
 class Endpoint:
@@ -290,7 +307,8 @@ class Endpoint:
                 raise EndpointError("stream_cut", "chat: the stream ended without [DONE]")
         tools = tuple(acc.tools[i] for i in sorted(acc.tools))
         return StreamResult(first_chunk, first_token, time.monotonic() - t0, tuple(token_times), "".join(acc.content),
-                            "".join(acc.reasoning), acc.reasoning_field, tools, acc.finish_reason, acc.usage, chunks)
+                            "".join(acc.reasoning), acc.reasoning_field, tools, acc.finish_reason, acc.usage, chunks,
+                            tuple(acc.logprobs))
 
 
 class _StreamClock:

@@ -122,3 +122,63 @@ def spec_delta(before: Scrape, after: Scrape) -> SpecDelta | None:
 def went_back(before: Scrape, after: Scrape) -> list[str]:
     """Counters that are lower in `after`: the engine restarted between the scrapes."""
     return sorted(n for n, v in after.values.items() if n.endswith("_total") and v < before.values.get(n, 0.0))
+
+
+# ---------------------------------------------------------------- the server's own view of request timing
+# Histograms vLLM 0.32 observes once per finished request (vllm/v1/metrics/loggers.py), exposed as _sum/_count.
+DECODE_TIME = "vllm:request_decode_time_seconds"          # first token to last, engine-core clock
+ITL = "vllm:inter_token_latency_seconds"                   # one observation per engine step that gave tokens
+TPOT = "vllm:request_time_per_output_token_seconds"        # decode time / (tokens - 1), per request
+REQUEST_TOKENS = "vllm:request_generation_tokens"          # generated tokens, per request
+
+
+@dataclass(frozen=True)
+class ServerTiming:
+    """What the server measured of the requests that finished between two scrapes."""
+    requests: float
+    decode_s: float            # summed over those requests
+    decoded_tokens: float | None  # their tokens after the first (None without the tokens histogram)
+    itl_mean_s: float | None
+    tpot_mean_s: float | None
+
+    @property
+    def stream_tok_s(self) -> float | None:
+        """Per-stream decode rate by the server's clock: tokens after the first / decode time."""
+        return self.decoded_tokens / self.decode_s if self.decoded_tokens is not None and self.decode_s > 0 else None
+
+    def to_json(self) -> dict:
+        return {"requests": self.requests, "decode_s": self.decode_s, "stream_tok_s": self.stream_tok_s,
+                "itl_mean_s": self.itl_mean_s, "tpot_mean_s": self.tpot_mean_s}
+
+
+def server_timing(before: Scrape, after: Scrape) -> ServerTiming | None:
+    """None when the server exports no decode-time histogram or no request finished in between."""
+    def d(name: str) -> float | None:
+        a, b = before.get(name), after.get(name)
+        return None if a is None or b is None else b - a
+
+    def mean(name: str) -> float | None:
+        s, n = d(name + "_sum"), d(name + "_count")
+        return s / n if s is not None and n else None
+
+    requests, decode = d(DECODE_TIME + "_count"), d(DECODE_TIME + "_sum")
+    if not requests or decode is None:
+        return None
+    tokens = d(REQUEST_TOKENS + "_sum")
+    return ServerTiming(requests, decode, tokens - requests if tokens is not None else None, mean(ITL), mean(TPOT))
+
+
+def add_timings(timings: list[ServerTiming]) -> ServerTiming | None:
+    """Consecutive intervals' timings as one (means weighted by requests)."""
+    timings = [t for t in timings if t is not None]
+    if not timings:
+        return None
+    n = sum(t.requests for t in timings)
+
+    def wmean(field: str) -> float | None:
+        vals = [(getattr(t, field), t.requests) for t in timings]
+        return None if any(v is None for v, _ in vals) else sum(v * w for v, w in vals) / n
+
+    tokens = [t.decoded_tokens for t in timings]
+    return ServerTiming(n, sum(t.decode_s for t in timings), None if None in tokens else sum(tokens),
+                        wmean("itl_mean_s"), wmean("tpot_mean_s"))

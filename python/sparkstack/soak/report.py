@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+from ..endpoint import timing
 from ..endpoint.client import printable
-from ..endpoint.metrics import SpecDelta
-from ..endpoint.stats import mean, percentile, spread
+from ..endpoint.metrics import ServerTiming, SpecDelta, add_timings
+from ..endpoint.stats import implausible_logprob, mean, percentile, spread
 from ..units import ms
 from ..units import rounded as _r
 from .plan import human_duration
@@ -22,14 +23,18 @@ def quantiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": _r(percentile(values, q)) for q in QUANTILES}
 
 
-def request_fields(result) -> dict:
-    """The timings and tokens of one finished stream (an endpoint StreamResult)."""
+def request_fields(result, temperature: float = 1.0) -> dict:
+    """The timings and tokens of one finished stream (an endpoint StreamResult). `low_logprobs`: its sampled
+    tokens' logprobs below the implausible line for its own length; the window recounts them against the line
+    for all of its tokens (a lower line: these are a superset)."""
     tokens = result.output_tokens
-    decode = result.decode_s
+    decode = result.decode_s if len(result.token_times_s) >= 2 else None
+    cut = implausible_logprob(len(result.logprobs), temperature)
     return {"error": None, "ttft_s": _r(result.first_token_s), "first_chunk_s": _r(result.first_chunk_s),
-            "e2e_s": _r(result.end_s), "tpot_s": _r(result.tpot_s), "output_tokens": tokens,
+            "e2e_s": _r(result.end_s), "tpot_s": _r(result.tpot_s) if decode else None, "output_tokens": tokens,
             "tok_s": _r((tokens - 1) / decode, 3) if decode and tokens > 1 else None,
-            "finish_reason": result.finish_reason}
+            "finish_reason": result.finish_reason, "sampled_tokens": len(result.logprobs),
+            "low_logprobs": [v for v in result.logprobs if v < cut]}
 
 
 def add_deltas(deltas: list[SpecDelta]) -> SpecDelta | None:
@@ -47,23 +52,51 @@ def add_deltas(deltas: list[SpecDelta]) -> SpecDelta | None:
                      add_pos([d.draft_tokens_per_pos for d in deltas]))
 
 
+def _stream_rate(ok: list[dict], server: ServerTiming | None) -> tuple[dict, str | None]:
+    """The window's per-stream decode rate: the chunks' mean, or the server's where the chunks cannot measure it
+    (a stream of one chunk) or disagree with the server's clock beyond endpoint.timing.AGREE."""
+    rates = [r["tok_s"] for r in ok if r["tok_s"] is not None]
+    single = sum(1 for r in ok if r["tok_s"] is None and r["output_tokens"] > 1)
+    client = mean(rates)
+    theirs = server.stream_tok_s if server else None
+    doubt = None
+    if single:
+        doubt = f"{single} of {len(ok)} streams came in one chunk"
+    elif client is not None and theirs is not None and (client > timing.AGREE * theirs or theirs > timing.AGREE * client):
+        doubt = f"chunk-timed {client:.1f} tok/s against the server's {theirs:.1f}"
+    if doubt:
+        return {"mean": _r(theirs, 3), "spread": None, "source": "server" if theirs is not None else None}, doubt
+    return {"mean": _r(client, 3), "spread": _r(spread(rates)), "source": "chunks"}, None
+
+
 def window_record(index: int, t_start: float, t_end: float, requests: list[dict], deltas: list[SpecDelta],
-                  kv_usage: list[float], polls: int, healthy_polls: int, flaps: int, restarts: int) -> dict:
-    """One window: its requests' latency percentiles and tokens, spec decode from /metrics, KV usage, health."""
+                  kv_usage: list[float], polls: int, healthy_polls: int, flaps: int, restarts: int,
+                  timings: list[ServerTiming] = (), temperature: float = 1.0) -> dict:
+    """One window: its requests' latency percentiles and tokens, spec decode from /metrics, KV usage, health, the
+    server's own timing, and the sampled tokens honest sampling would not give (a fault, never a result)."""
     ok = [r for r in requests if r["error"] is None]
     tokens = sum(r["output_tokens"] for r in ok)
     seconds = t_end - t_start
-    stream_rates = [r["tok_s"] for r in ok if r["tok_s"] is not None]
+    server = add_timings(list(timings))
+    stream_tok_s, doubt = _stream_rate(ok, server)
+    sampled = sum(r.get("sampled_tokens", 0) for r in ok)
+    cut = implausible_logprob(sampled, temperature)
+    implausible = sum(1 for r in ok for v in r.get("low_logprobs", ()) if v < cut)
     spec = add_deltas(deltas)
     lengths = [d.acceptance_length for d in deltas if d.acceptance_length is not None]
     return {
         "type": "window", "index": index, "t_start": _r(t_start, 3), "t_end": _r(t_end, 3),
         "requests": len(requests), "ok": len(ok),
         "errors": dict(sorted(Counter(r["error"] for r in requests if r["error"]).items())),
-        "ttft_s": quantiles([r["ttft_s"] for r in ok]), "tpot_s": quantiles([r["tpot_s"] for r in ok]),
+        "ttft_s": quantiles([r["ttft_s"] for r in ok]),
+        "tpot_s": quantiles([] if doubt else [r["tpot_s"] for r in ok]),
         "e2e_s": quantiles([r["e2e_s"] for r in ok]),
         "output_tokens": tokens, "tok_s": _r(tokens / seconds, 3) if seconds > 0 else None,
-        "stream_tok_s": {"mean": _r(mean(stream_rates), 3), "spread": _r(spread(stream_rates))},
+        "stream_tok_s": stream_tok_s,
+        "server_timing": server.to_json() if server else None,
+        "timing_note": f"{doubt}: per-stream tok/s is the server's, TPOT withheld" if doubt else None,
+        "sampled_tokens": sampled, "implausible_tokens": implausible,
+        "faults": ["implausible_samples"] if implausible else [],
         "acceptance_length": _r(spec.acceptance_length) if spec else None,
         "acceptance_spread": _r(spread(lengths)),
         "per_position": [_r(v) for v in spec.per_position] if spec else None,
@@ -86,6 +119,7 @@ def _side(windows: list[dict], label: str) -> dict:
         "acceptance_spread": _r(mean([w["acceptance_spread"] for w in windows])),
         "tok_s": _r(sum(w["output_tokens"] for w in windows) / seconds, 3) if seconds > 0 else None,
         "stream_tok_s_spread": _r(mean([w["stream_tok_s"]["spread"] for w in windows])),
+        "implausible_tokens": sum(w.get("implausible_tokens", 0) for w in windows),
     }
 
 
@@ -120,7 +154,8 @@ def summarize(*, plan_doc: dict, model: str, ended: str, end_detail: str, elapse
         "restarts": {"count": len(restarts), "signals": restarts},
         "trend": trend(windows),
         "windows": [{k: w[k] for k in ("index", "t_start", "t_end", "requests", "errors", "ttft_s", "tpot_s",
-                                       "e2e_s", "tok_s", "acceptance_length")} for w in windows],
+                                       "e2e_s", "tok_s", "acceptance_length", "implausible_tokens")}
+                    for w in windows],
     }
 
 
@@ -135,11 +170,13 @@ def _ms(q: dict) -> str:
 def window_line(w: dict) -> str:
     """One closed window, as progress."""
     kv = w["kv_usage"]
+    fault = (f", FAULT {w['implausible_tokens']} of {w['sampled_tokens']} sampled tokens implausible (corrupt samples)"
+             if w.get("implausible_tokens") else "")
     return (f"window {w['index']} (to {human_duration(w['t_end'])}): {w['requests']} requests, "
             f"{sum(w['errors'].values())} errors, {_f(w['tok_s'], '.1f')} tok/s, acceptance length "
             f"{_f(w['acceptance_length'])}, KV {'n/a' if kv is None else format(kv['last'] * 100, '.1f') + '%'}, "
             f"/health {w['health']['healthy']}/{w['health']['polls']}"
-            + (f", {w['restarts']} restarts" if w["restarts"] else ""))
+            + (f", {w['restarts']} restarts" if w["restarts"] else "") + fault)
 
 
 def error_counts(errors: dict) -> str:

@@ -63,6 +63,7 @@ class _Window:
     start: float
     requests: list = field(default_factory=list)
     deltas: list = field(default_factory=list)
+    timings: list = field(default_factory=list)  # the server's timing of requests finished per scrape interval
     kv: list = field(default_factory=list)
     polls: int = 0
     healthy: int = 0
@@ -163,7 +164,8 @@ class Soak:
             try:
                 body = self.suite.body(cat, n // len(cats), f"soak-{self.salt}-{n}", model=self.model,
                                        max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p)
-                fields = report.request_fields(ep.stream_chat(body))
+                body["logprobs"] = True  # each sampled token's logprob: the sampling-integrity count
+                fields = report.request_fields(ep.stream_chat(body), p.temperature)
             except EndpointError as exc:
                 fields = {"error": exc.kind, "detail": mask_key(str(exc), self.api_key)}
             except Exception as exc:  # noqa: BLE001 - an odd answer is this request's error, not the stream's end
@@ -209,6 +211,9 @@ class Soak:
         delta = metrics.spec_delta(last, scrape)
         if delta is not None and delta.drafts > 0:
             self.window.deltas.append(delta)
+        server = metrics.server_timing(last, scrape)
+        if server is not None:
+            self.window.timings.append(server)
 
     def _restart(self, signal: str) -> None:
         event = {"type": "restart", "t": self._t(), "signal": signal}
@@ -279,7 +284,7 @@ class Soak:
                 if not (w.requests or w.polls or not self.windows):
                     return
             record = report.window_record(len(self.windows), w.start, now, w.requests, w.deltas, w.kv, w.polls,
-                                          w.healthy, w.flaps, w.restarts)
+                                          w.healthy, w.flaps, w.restarts, w.timings, self.plan.temperature)
             self.log.write(record, sync=True)
             self.windows.append(record)
             self.window = _Window(now)

@@ -51,6 +51,8 @@ class Sample:
     preemptions: float | None
     preemptions_delta: float | None  # over minute_s
     restarts_seen: int
+    stream_tok_s: float | None = None  # per-stream decode rate by the server's clock, requests finished in minute_s
+    itl_mean_s: float | None = None    # the server's mean inter-token (engine-step) latency over minute_s
 
     def to_json(self) -> dict:
         r = rounded
@@ -67,6 +69,7 @@ class Sample:
             "preemptions": {"total": self.preemptions, "delta": self.preemptions_delta,
                             "over_s": r(self.minute_s, 3)},
             "restarts_seen": self.restarts_seen,
+            "stream_tok_s": r(self.stream_tok_s, 3), "itl_mean_s": r(self.itl_mean_s, 6),
         }
 
 
@@ -91,13 +94,14 @@ class History:
         """The figures now; all None before the first scrape, or when the last read failed (not `fresh`: the
         figures before it are not the figures now), and the rates None before the second."""
         if not self.scrapes or not fresh:
-            return Sample(*([None] * (len(dataclasses.fields(Sample)) - 1)), restarts_seen=self.restarts_seen)
+            return Sample(*([None] * (len(dataclasses.fields(Sample)) - 3)), restarts_seen=self.restarts_seen)
         return _finite(self._sample())
 
     def _sample(self) -> Sample:
         first, last = self.scrapes[0], self.scrapes[-1]
         prev = self.scrapes[-2] if len(self.scrapes) > 1 else None
         spec = metrics.spec_delta(first, last) if prev else None
+        server = metrics.server_timing(first, last) if prev else None
         return Sample(
             running=last.get(metrics.RUNNING), waiting=last.get(metrics.WAITING),
             generation_tok_s=_rate(prev, last, metrics.GENERATION_TOKENS) if prev else None,
@@ -113,6 +117,8 @@ class History:
             preemptions=last.get(metrics.PREEMPTIONS),
             preemptions_delta=_delta(first, last, metrics.PREEMPTIONS) if prev else None,
             restarts_seen=self.restarts_seen,
+            stream_tok_s=server.stream_tok_s if server else None,
+            itl_mean_s=server.itl_mean_s if server else None,
         )
 
     def series(self) -> dict[str, list[float | None]]:

@@ -55,6 +55,9 @@ def screen(url: str, interval_s: float, history: History, state: str, kv_pool_to
     table.add_row("requests waiting", _n(get("waiting"), ".0f"), "", sparkline(series["waiting"], lo=0))
     table.add_row("generation tok/s", _n(get("generation_tok_s"), ".1f"),
                   f"over {_n(get('interval_s'), '.1f')} s", sparkline(series["generation_tok_s"], lo=0))
+    itl = get("itl_mean_s")
+    table.add_row("per-stream tok/s", _n(get("stream_tok_s"), ".1f"),
+                  "server's decode clock" + ("" if itl is None else f", ITL {itl * 1000:.2f} ms"), "")
     positions = get("per_position") or ()
     width = max(len(positions), sum(1 for k in series if k.startswith("position_")))
     table.add_row("acceptance length", _n(get("acceptance_length"), ".3f"),

@@ -16,8 +16,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..endpoint import metrics
-from ..endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult
+from ..endpoint import metrics, stats
+from ..endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult, sampled_logprobs
 from ..errors import SparkstackError
 from ..launch.preflight import CHAT_TEMPLATE
 
@@ -37,10 +37,11 @@ class Session:
     """What the checks share during one run: the endpoint, the model asked, the deadline, and whether the server
     was found unreachable (then the later checks are not run)."""
 
-    def __init__(self, endpoint: Endpoint, model: str | None, timeout_s: float) -> None:
+    def __init__(self, endpoint: Endpoint, model: str | None, timeout_s: float, temperature: float = 1.0) -> None:
         self._endpoint = endpoint
         self.url = endpoint.url
         self.model = model
+        self.temperature = temperature
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.unreachable: str | None = None
@@ -100,6 +101,7 @@ LONG_PROMPT = "Read this list, then reply with the single word ok.\n" + "\n".joi
     f"{i}. Lighthouse number {i} stands on a rocky point and turns its lamp once every {i % 7 + 3} seconds."
     for i in range(1, 401))
 IMAGE_PROMPT = "What colour fills this image? One word."
+SAMPLING_TOKENS = 64
 TEXT_PREVIEW = 40
 
 
@@ -243,7 +245,7 @@ def probe_spec_decode(session: Session) -> str:
     before = _scrape(session)
     if not metrics.has_spec(before):
         raise CheckFailed(f"no spec-decode counters on /metrics ({metrics.DRAFTS}): speculative decoding is off")
-    r = session.endpoint().stream_chat(session.body(SPEC_PROMPT, 256))
+    r = session.endpoint().stream_chat(session.body(SPEC_PROMPT, 256, temperature=session.temperature))
     delta = metrics.spec_delta(before, _scrape(session))
     if delta is None:
         raise CheckFailed(f"the spec-decode counters ({metrics.DRAFTS}) went away after a request")
@@ -256,6 +258,25 @@ def probe_spec_decode(session: Session) -> str:
     rates = "/".join(f"{p:.2f}" for p in delta.per_position)
     return (f"acceptance length {delta.acceptance_length:.2f} over {delta.drafts:g} drafts"
             + (f", per position {rates}" if rates else ""))
+
+
+def probe_sampling(session: Session) -> str:
+    """Each sampled token's logprob at the serving temperature: honest sampling does not draw a token whose
+    probability is below stats.implausible_logprob(n) in a run of n tokens (the derivation is in endpoint.stats)."""
+    doc = session.endpoint().chat(session.body(SPEC_PROMPT, SAMPLING_TOKENS, temperature=session.temperature,
+                                               logprobs=True))
+    choices = doc.get("choices")
+    logprobs = sampled_logprobs(choices[0]) if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+        else []
+    if not logprobs:
+        raise CheckFailed("the answer carries no logprobs (asked with \"logprobs\": true)")
+    cut = stats.implausible_logprob(len(logprobs), session.temperature)
+    bad = stats.implausible_tokens(logprobs, session.temperature)
+    at = f"at temperature {session.temperature:g}"
+    if bad:
+        raise CheckFailed(f"{bad} of {len(logprobs)} sampled tokens {at} have logprob below {cut:.1f} (lowest "
+                          f"{min(logprobs):.1f}): honest sampling does not draw them; the server corrupts samples")
+    return f"{len(logprobs)} sampled tokens {at}, lowest logprob {min(logprobs):.1f} (threshold {cut:.1f})"
 
 
 def probe_image(session: Session) -> str:
@@ -316,8 +337,11 @@ CHECKS: tuple[Check, ...] = (
           f"{json.dumps(TOOL_ARGS)}, no <tool_call> markup in content", probe_tool_call),
     Check("reasoning", True, "reasoning only in `reasoning`/`reasoning_content`, no think markup in content",
           probe_reasoning),
-    Check("spec-decode", True, "after a streamed chat, /metrics shows drafts > 0 and acceptance length > 1.05",
+    Check("spec-decode", True, "after a streamed chat at the serving temperature, /metrics shows drafts > 0 and "
+          "acceptance length > 1.05",
           probe_spec_decode),
+    Check("sampling", True, f"{SAMPLING_TOKENS} tokens at the serving temperature with logprobs: none below "
+          "the bound honest sampling keeps (endpoint.stats.implausible_logprob)", probe_sampling),
     Check("image", False, f"a chat with an image part answers (else {CHAT_TEMPLATE} is missing)", probe_image),
     Check("fffd", False, f"a fixed non-Latin prompt at temperature 0, {FFFD_PASSES} passes: no U+FFFD (vLLM #54150)",
           probe_fffd),

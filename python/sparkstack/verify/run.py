@@ -18,17 +18,18 @@ class VerifyPlan:
     api_key_set: bool
     timeout_s: float
     checks: tuple[Check, ...]
+    temperature: float = 1.0  # the serving temperature, for the sampling check
 
     def to_json(self) -> dict:
         return {"url": self.url, "model": self.model, "api_key_env": self.api_key_env,
-                "api_key_set": self.api_key_set, "timeout_s": self.timeout_s,
+                "api_key_set": self.api_key_set, "timeout_s": self.timeout_s, "temperature": self.temperature,
                 "checks": [c.to_json() for c in self.checks]}
 
     def lines(self) -> list[str]:
         model = self.model or "the first of /v1/models"
         key = "set" if self.api_key_set else "not set: no key is sent"
         head = (f"would verify {self.url} asking {model}; API key from ${self.api_key_env} ({key}); "
-                f"at most {self.timeout_s:g} s in all")
+                f"at most {self.timeout_s:g} s in all; sampling at temperature {self.temperature:g}")
         return [head] + [f"{'required' if c.required else 'warn-only':<9} {c.name}: {c.asks}" for c in self.checks]
 
 
@@ -46,19 +47,22 @@ class Result:
         return {"check": self.check, "status": self.status, "detail": self.detail}
 
 
-def plan_verify(url: str, model: str | None, api_key_env: str, env: Mapping[str, str], timeout_s: float) -> VerifyPlan:
+def plan_verify(url: str, model: str | None, api_key_env: str, env: Mapping[str, str], timeout_s: float,
+                temperature: float = 1.0) -> VerifyPlan:
     """The plan; `env` is only asked whether the key's variable is set."""
     check_key_env(api_key_env)
     if model is not None and not model.strip():
         raise UsageError("--model must not be empty")
-    return VerifyPlan(base_url(url), model, api_key_env, bool(env.get(api_key_env)), timeout_s, CHECKS)
+    if not 0 <= temperature <= 2:
+        raise UsageError(f"--temperature {temperature:g}: must be in [0, 2]")
+    return VerifyPlan(base_url(url), model, api_key_env, bool(env.get(api_key_env)), timeout_s, CHECKS, temperature)
 
 
 def run_verify(plan: VerifyPlan, api_key: str | None,
                on_result: Callable[[Result], None] | None = None) -> tuple[Result, ...]:
     """Every check in order, each a Result as it finishes; the whole run ends within the plan's timeout."""
     endpoint = Endpoint(plan.url, api_key, plan.timeout_s)
-    session = Session(endpoint, plan.model, plan.timeout_s)
+    session = Session(endpoint, plan.model, plan.timeout_s, plan.temperature)
     results = []
     try:
         for check in plan.checks:

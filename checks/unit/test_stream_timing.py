@@ -1,0 +1,65 @@
+"""No figure that cannot be true: bench holds per-stream figures against the server's own timing histograms, and
+counts sampled tokens honest sampling would not draw. Against the in-process stand-in, told to burst its chunks
+(a lagging API server) or to corrupt samples (vLLM 0.32 CPU under ngram at temperature 1)."""
+
+import json
+import math
+
+from inprocess_engine import serving
+
+from sparkstack.endpoint import stats
+
+
+def _bench(run_cli, url, *args):
+    proc = run_cli("bench", url, "--json", "--concurrency", "1", "--rounds", "2", "--category", "prose",
+                   "--max-tokens", "64", *args)
+    return proc, json.loads(proc.stdout)["cells"][0]
+
+
+def test_a_burst_stream_reports_the_servers_decode_rate_not_the_chunks(run_cli):
+    # 0.05 s a step, (4,2,1,0) accepted: 4 steps give 5+3+2+1 = 11 tokens; 3 cycles: 33 tokens after the prefill's
+    # one, over 12 steps: the engine decodes for ~0.6 s; the chunks arrive in one burst at the end.
+    with serving(burst=True, step_delay=0.05, cycles=3) as engine:
+        proc, cell = _bench(run_cli, engine.url)
+    assert proc.returncode == 0, proc.stderr
+    server = cell["server_timing"]
+    assert server["requests"] == 2 and server["decode_s"] >= 2 * 12 * 0.05
+    # the chunks alone would say thousands of tok/s; the figure is the server's: tokens after the first / its decode
+    assert cell["per_stream_tok_s"] == server["stream_tok_s"]
+    assert cell["per_stream_tok_s"] <= 2 * 33 / (12 * 0.05)
+    assert cell["tpot_p50_s"] is None and cell["itl_p50_s"] is None
+    notes = " ".join(cell["timing_notes"])
+    assert "against the server's" in notes and "server's mean ITL" in notes
+
+
+def test_chunk_timing_stands_where_it_agrees_with_the_server(run_cli):
+    with serving(step_delay=0.05, cycles=3) as engine:
+        proc, cell = _bench(run_cli, engine.url)
+    assert proc.returncode == 0, proc.stderr
+    assert cell["timing_notes"] == [] and cell["itl_p50_s"] is not None and cell["tpot_p50_s"] is not None
+    ratio = cell["per_stream_tok_s"] / cell["server_timing"]["stream_tok_s"]
+    assert 0.5 < ratio < 2
+
+
+def test_corrupt_samples_are_a_fault_flag_never_a_result(run_cli):
+    with serving(corrupt_every=7) as engine:
+        proc, cell = _bench(run_cli, engine.url)
+    assert proc.returncode == 1
+    assert "implausible_samples" in cell["flags"] and cell["output_tok_s"] is None
+    per_request = cell["sampled_tokens"] // 2  # two requests; each counts its own tokens from 1
+    assert cell["implausible_tokens"] == 2 * (per_request // 7) > 0
+
+
+def test_honest_samples_raise_no_flag(run_cli):
+    with serving(logprob=-12.0) as engine:
+        proc, cell = _bench(run_cli, engine.url)
+    assert proc.returncode == 0 and cell["implausible_tokens"] == 0 and cell["sampled_tokens"] > 0
+
+
+def test_the_threshold_is_the_union_bound():
+    # n draws, V <= 2^20 tokens, false alarms rarer than 1e-6: ln eps = T' ln(1e-6 / (n V)) - ln V, T' = max(T, 1)
+    for n, t in ((16, 1.0), (16, 0.0), (10_000, 1.0), (64, 1.5)):
+        v = 2.0 ** 20
+        eps = math.exp(stats.implausible_logprob(n, t))
+        assert math.isclose(n * v * (v * eps) ** (1 / max(t, 1.0)), 1e-6, rel_tol=1e-9)
+    assert stats.implausible_tokens([-113.0, -0.1, float("-inf"), float("nan")]) == 2
