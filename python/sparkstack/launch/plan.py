@@ -34,9 +34,12 @@ VALUE_KNOBS = {
     "MAX_NUM_BATCHED_TOKENS": ("--max-num-batched-tokens", (), None),
     "MOE_BACKEND": ("--moe-backend", (), None),
     "GPU_MEM_UTIL": ("--gpu-memory-utilization", (), None),
-    # vLLM takes --kv-cache-memory as an abbreviation of --kv-cache-memory-bytes: one flag, two spellings.
-    "KV_CACHE_MEMORY": ("--kv-cache-memory", ("--kv-cache-memory-bytes",), "--kv-cache-dtype"),
+    # The seed launcher wrote --kv-cache-memory, which vLLM takes only as argparse's abbreviation of
+    # --kv-cache-memory-bytes: launch writes the full name (vLLM's own parser with abbreviations off judges it).
+    "KV_CACHE_MEMORY": ("--kv-cache-memory-bytes", ("--kv-cache-memory",), "--kv-cache-dtype"),
 }
+# Abbreviations recipes in the seed's shape carry, and the option vLLM means by each: written in full.
+FULL_NAMES = {"--kv-cache-memory": "--kv-cache-memory-bytes"}
 # Generated flags whose value a plain recipe may set in its own args, as that knob's default.
 RECIPE_VALUE_DEFAULTS = {"--served-model-name": "SERVED_NAME", "--port": "API_PORT",
                          "--master-addr": "MASTER_ADDR", "--master-port": "MASTER_PORT"}
@@ -212,7 +215,7 @@ def _after(args: list[str], anchor: str | None) -> int:
 
 def tail_args(recipe: Recipe, knobs: Knobs, drafter_path: str | None) -> list[str]:
     """The recipe's args with generated flags removed and the active knobs applied in place."""
-    args = list(recipe.args)
+    args = [FULL_NAMES.get(a, a) for a in recipe.args]
     _strip_flag(args, GENERATED_FLAGS + ("--load-format",) if "LOAD_FORMAT" in knobs.active else GENERATED_FLAGS)
     for knob, (flag, aliases, anchor) in VALUE_KNOBS.items():
         if knob not in knobs.active:
