@@ -570,7 +570,8 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
               help="Read host facts (/sys, /proc) below this root.")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
 @click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
-@click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
+@click.option("--gates", is_flag=True, help="Also run, each in a throwaway container of the image: its vLLM's own "
+                                         "argument parser on every rank's engine argv, and its runtime import gates.")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
 @click.option("--memory-guard", type=FiniteFloat(0, 1 << 20), is_flag=False, flag_value=8.0, default=None,
               metavar="[=GIB]", help="While ranks boot, drop caches and compact memory on a rank whose MemFree "
