@@ -135,7 +135,7 @@ def test_drift_report_names_the_drifted_edit_and_shows_the_diff(world, run_cli, 
     proc = run_cli("patch", "check", "--base", tmp_path / "drifted", "--overlay", world["overlay"],
                    "--overlay-src", world["src"], "--json")
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "sparkstack: error: drifted steps: glm_aux_capture"
+    assert proc.stderr.strip() == "sparkstack: error: steps a build cannot apply (drifted or gone): glm_aux_capture"
     steps = {s["step"]: s for s in json.loads(proc.stdout)["steps"]}
     assert steps["registry_and_select"]["status"] == "applicable"
     (edit,) = steps["glm_aux_capture"]["edits"]

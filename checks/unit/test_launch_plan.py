@@ -60,7 +60,7 @@ def old_launcher_argv(rank: int, hf_home: Path, **k) -> list[str]:
         argv.append("--enforce-eager")
     argv += ["--kv-cache-dtype", "fp8_e4m3"]
     if knobs["KV_CACHE_MEMORY"]:
-        argv += ["--kv-cache-memory", knobs["KV_CACHE_MEMORY"]]
+        argv += ["--kv-cache-memory", knobs["KV_CACHE_MEMORY"]]  # the seed's abbreviation (see without_labels)
     argv += ["--gpu-memory-utilization", knobs["GPU_MEM_UTIL"], "--speculative-config",
              '{"method":"dflash","model":"%s/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/%s","num_speculative_tokens":%s}'
              % (hub, DRAFT_REV, knobs["NUM_SPEC_TOKENS"]),
@@ -68,14 +68,15 @@ def old_launcher_argv(rank: int, hf_home: Path, **k) -> list[str]:
     return argv
 
 
-# The deliberate differences: two labels that record what sparkstack started.
+# The deliberate differences: two labels that record what sparkstack started, and --kv-cache-memory written in full
+# as the option vLLM has, --kv-cache-memory-bytes (the seed's spelling parsed only as argparse's abbreviation).
 def without_labels(argv: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(argv):
         if argv[i] == "--label" and argv[i + 1].startswith("org.sparkstack."):
             i += 2
             continue
-        out.append(argv[i])
+        out.append("--kv-cache-memory" if argv[i] == "--kv-cache-memory-bytes" else argv[i])
         i += 1
     return out
 
@@ -177,11 +178,12 @@ def test_plain_recipe_uses_its_args_and_env_as_they_are(run_cli, hf_home):
     assert argv[argv.index("--shm-size") + 1] == "32gb"
     assert "--enforce-eager" in argv and argv.count("--load-format") == 1
     assert doc["status"] == "blocked" and "not divisible" in doc["blocked_reason"]
-    # Knobs the user sets still win: the abbreviated --kv-cache-memory replaces the -bytes spelling.
+    # Knobs the user sets still win: KV_CACHE_MEMORY replaces the recipe's pin, under the full name.
     doc = plan_json(run_cli, hf_home, "0", "--recipe", "glm53-flash-dflash2-mxfp8",
                     env={"KV_CACHE_MEMORY": "123", "NUM_SPEC_TOKENS": "3", "EAGER": "0", "OMP_NUM_THREADS": "2"})
     argv = doc["docker_run"]
-    assert "--kv-cache-memory-bytes" not in argv and argv[argv.index("--kv-cache-memory") + 1] == "123"
+    assert "--kv-cache-memory" not in argv and argv.count("--kv-cache-memory-bytes") == 1
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "123"
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
     assert "--enforce-eager" not in argv
     assert "OMP_NUM_THREADS=2" in argv and "OMP_NUM_THREADS=4" not in argv

@@ -349,7 +349,8 @@ def patch() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
 def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unpinned, dry_run, as_json) -> None:
-    """The drift report: for every step, applied, applicable or drifted. Exit 1 when any step drifted."""
+    """The drift report: every step applied, applicable, drifted or gone; every install target absent, identical or
+    present upstream. Exit 1 when a step drifted or its file is gone."""
     from sparkstack.patch.drift import drift_report
 
     if dry_run:
@@ -363,20 +364,24 @@ def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unp
                                                     f"({len(doc['extract'])} files)")
         return
     with _progress("reading base layers", None) as advance:
-        reports = drift_report(base, _overlay_dir(overlay_dir), overlay_src, platform, tuple(extra_steps),
-                               allow_unpinned, on_progress=advance)
+        drift = drift_report(base, _overlay_dir(overlay_dir), overlay_src, platform, tuple(extra_steps),
+                             allow_unpinned, on_progress=advance)
     if as_json:
-        _print_json({"steps": [r.to_json() for r in reports]})
+        _print_json({"steps": [r.to_json() for r in drift.steps], "installs": [i.to_json() for i in drift.installs]})
     else:
-        for r in reports:
+        for r in drift.steps:
             click.echo(f"{r.status:<10} {r.name}  ({r.method}: {r.detail})")
             for e in r.edits:
                 if e.status == "drifted":
                     click.echo(f"  drifted edit {e.marker or '(no marker)'} in {e.file}:")
                     click.echo("".join("    " + l + "\n" for l in e.diff.splitlines()), nl=False)
-    drifted = [r.name for r in reports if r.status == "drifted"]
-    if drifted:
-        _fail(f"drifted steps: {', '.join(drifted)}")
+                elif e.status in ("gone", "applied"):
+                    said = e.diff if e.status == "gone" else "marker already there"
+                    click.echo(f"  {e.status} edit {e.marker or '(no marker)'} in {e.file}: {said}")
+        for i in drift.installs:
+            click.echo(f"{i.status:<10} install {i.dest}  ({i.detail})")
+    if drift.failed:
+        _fail(f"steps a build cannot apply (drifted or gone): {', '.join(drift.failed)}")
 
 
 @main.group()
@@ -570,7 +575,8 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
               help="Read host facts (/sys, /proc) below this root.")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
 @click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
-@click.option("--gates", is_flag=True, help="Also run the image's runtime import gates in a throwaway container.")
+@click.option("--gates", is_flag=True, help="Also run, each in a throwaway container of the image: its vLLM's own "
+                                         "argument parser on every rank's engine argv, and its runtime import gates.")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
 @click.option("--memory-guard", type=FiniteFloat(0, 1 << 20), is_flag=False, flag_value=8.0, default=None,
               metavar="[=GIB]", help="While ranks boot, drop caches and compact memory on a rank whose MemFree "

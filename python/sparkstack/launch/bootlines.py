@@ -43,18 +43,28 @@ BOOT_LINES = (
              "Model loading took {gib} GiB and {seconds} seconds", phase="weights loaded"),
     BootLine("kv-memory", "phase", r"^Available KV cache memory: (?P<kv_gib>\d{1,6}(?:\.\d{1,6})?) GiB",
              "Available KV cache memory: {kv_gib} GiB", phase="KV profiled"),
-    BootLine("kv-tokens", "phase", r"^GPU KV cache size: (?P<kv_tokens>\d{1,3}(?:,?\d{3}){0,5}) tokens",
+    # CPU builds: the KV space VLLM_CPU_KVCACHE_SPACE set (or what the worker chose), where GPU builds profile it.
+    BootLine("kv-memory-cpu", "phase",
+             r"^(?:Explicitly|Auto) set \((?P<kv_gib>\d{1,6}(?:\.\d{1,6})?)/[\d.]+\) GiB for KV cache on node \d+",
+             "Explicitly set ({kv_gib}/14.46) GiB for KV cache on node 0.", phase="KV profiled"),
+    # The device comes first: "GPU", "CPU", "XPU", "GPU + host" (0.32 names it; older builds always said GPU).
+    # 0.32 prints the size and the concurrency as one line, older builds as two.
+    BootLine("kv-tokens", "phase",
+             r"^(?:\w+(?: \+ \w+)* )?KV cache size: (?P<kv_tokens>\d{1,3}(?:,?\d{3}){0,5}) tokens",
              "GPU KV cache size: {kv_tokens} tokens", phase="KV profiled"),
     BootLine("max-concurrency", "phase",
-             r"^Maximum concurrency for [\d,]+ tokens per request: (?P<concurrency>\d{1,9}(?:\.\d{1,6})?)x",
+             r"(?:^|, )Maximum concurrency for [\d,]+ tokens per request: (?P<concurrency>\d{1,9}(?:\.\d{1,6})?)x",
              "Maximum concurrency for {max_len} tokens per request: {concurrency}x", phase="KV profiled"),
     BootLine("graphs-captured", "phase", r"^Graph capturing finished\b",
              "Graph capturing finished in {seconds} secs, took {gib} GiB", phase="graphs captured"),
-    BootLine("engine-ready", "phase", r"^init engine \(profile, create kv cache, warmup model\) took [\d.]+ seconds",
+    # " s" from 0.32 on (with "(compilation: ...)" after it when compiling), " seconds" before.
+    BootLine("engine-ready", "phase",
+             r"^init engine \(profile, create kv cache, warmup model\) took [\d.]+ s(?:econds)?\b",
              "init engine (profile, create kv cache, warmup model) took {seconds} seconds", phase="engine ready"),
     BootLine("api-ready", "phase", r"^Application startup complete\.", "Application startup complete.",
              phase="API ready"),
-    BootLine("kv-page-size", "fatal", r"page size is not divisible by the maximum page size",
+    # 0.13 words it "The page size of the layer is not divisible by the maximum page size. Cannot unify ...".
+    BootLine("kv-page-size", "fatal", r"page size (?:of the layer )?is not divisible by the maximum page size",
              "NotImplementedError: layers.3.self_attn.indexer.k_cache: page size is not divisible by the maximum "
              "page size and cannot be padded",
              diagnosis="KV page sizes cannot be unified (the MXFP8 drafter on GB10): use a drafter whose per-token "
@@ -69,7 +79,9 @@ BOOT_LINES = (
              diagnosis="weights and activations left nothing for the KV cache: raise GPU_MEM_UTIL or set a KV pin "
                        "(KV_CACHE_MEMORY), after dropping caches"),
     BootLine("free-memory", "fatal",
-             r"Free memory on device \S+ \([^)]*\) on startup is less than desired GPU memory utilization",
+             # 0.32 names the device (cuda:0), 0.10-0.13 do not; the CPU build says "Available memory on node 0".
+             r"(?:Free|Available) memory on (?:device|node)(?: \S+)? \([^)]*\) on startup is less than desired "
+             r"(?:GPU|CPU) memory utilization",
              "ValueError: Free memory on device cuda:0 (104.46/121.69 GiB) on startup is less than desired GPU "
              "memory utilization",
              diagnosis="free memory at start is below gpu-memory-utilization x total: drop the page cache on every "
@@ -80,7 +92,8 @@ BOOT_LINES = (
     BootLine("shm-cancelled", "fatal", r"^RuntimeError: cancelled$", "RuntimeError: cancelled",
              diagnosis="the shared-memory broadcast was cancelled (shm_broadcast.py) because a peer process died: "
                        "find the first error in the other rank's log, then restart both ranks"),
-    BootLine("shm-broadcast-wait", "warning", r"No available shared memory broadcast block found in 60 seconds",
+    # 0.10-0.11 log it at debug level as "in 60 second."; 0.13 on as a warning, "in 60 seconds. ...".
+    BootLine("shm-broadcast-wait", "warning", r"No available shared memory broadcast block found in \d+ seconds?\b",
              "No available shared memory broadcast block found in 60 seconds",
              diagnosis="a process waited 60 s for the others (long loads and compiles do this, and it can recover); "
                        "if it keeps repeating, a rank hangs: read the other rank's log",

@@ -34,9 +34,12 @@ VALUE_KNOBS = {
     "MAX_NUM_BATCHED_TOKENS": ("--max-num-batched-tokens", (), None),
     "MOE_BACKEND": ("--moe-backend", (), None),
     "GPU_MEM_UTIL": ("--gpu-memory-utilization", (), None),
-    # vLLM takes --kv-cache-memory as an abbreviation of --kv-cache-memory-bytes: one flag, two spellings.
-    "KV_CACHE_MEMORY": ("--kv-cache-memory", ("--kv-cache-memory-bytes",), "--kv-cache-dtype"),
+    # The seed launcher wrote --kv-cache-memory, which vLLM takes only as argparse's abbreviation of
+    # --kv-cache-memory-bytes: launch writes the full name (vLLM's own parser with abbreviations off judges it).
+    "KV_CACHE_MEMORY": ("--kv-cache-memory-bytes", ("--kv-cache-memory",), "--kv-cache-dtype"),
 }
+# Abbreviations recipes in the seed's shape carry, and the option vLLM means by each: written in full.
+FULL_NAMES = {"--kv-cache-memory": "--kv-cache-memory-bytes"}
 # Generated flags whose value a plain recipe may set in its own args, as that knob's default.
 RECIPE_VALUE_DEFAULTS = {"--served-model-name": "SERVED_NAME", "--port": "API_PORT",
                          "--master-addr": "MASTER_ADDR", "--master-port": "MASTER_PORT"}
@@ -131,6 +134,8 @@ class RankPlan:
     hub: str  # host path of the HF hub mounted into the container
     docker_run: tuple[str, ...]
     secret_env: tuple[str, ...] = ()
+    engine_argv: tuple[str, ...] = ()  # what follows the image in docker_run: the argv vLLM parses
+
 
     @property
     def headless(self) -> bool:
@@ -139,7 +144,8 @@ class RankPlan:
     def to_json(self) -> dict:
         return {"rank": self.rank, "host": self.host, "ssh": self.ssh, "docker_host": self.docker_host,
                 "name": self.name, "fabric_ip": self.fabric_ip, "nic": self.nic, "hca": self.hca, "hub": self.hub,
-                "docker_run": list(self.docker_run), "secret_env_by_name": list(self.secret_env)}
+                "docker_run": list(self.docker_run), "engine_argv": list(self.engine_argv),
+                "secret_env_by_name": list(self.secret_env)}
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,7 @@ def _after(args: list[str], anchor: str | None) -> int:
 
 def tail_args(recipe: Recipe, knobs: Knobs, drafter_path: str | None) -> list[str]:
     """The recipe's args with generated flags removed and the active knobs applied in place."""
-    args = list(recipe.args)
+    args = [FULL_NAMES.get(a, a) for a in recipe.args]
     _strip_flag(args, GENERATED_FLAGS + ("--load-format",) if "LOAD_FORMAT" in knobs.active else GENERATED_FLAGS)
     for knob, (flag, aliases, anchor) in VALUE_KNOBS.items():
         if knob not in knobs.active:
@@ -353,8 +359,9 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
         hub = _hub_path(knobs, remote=ssh is not None)
         secret = tuple(k for k in SECRET_ENV if k in environ) if rank == 0 else ()
         argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
+        engine = engine_argv(recipe, knobs, rank, nnodes, model_path, tail)
         ranks.append(RankPlan(rank, node.host, ssh, fill("docker_host", node.docker_host), name, fabric_ip, nic, hca,
-                              hub, tuple(argv), secret))
+                              hub, tuple(argv), secret, tuple(engine)))
     revision = {s.label: s.revision for s in served}
     return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], revision["model"], revision.get("drafter"), tuple(ranks),
                       tuple(notes), image_source, image.config_digest if image else None,
@@ -385,6 +392,11 @@ def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, 
         options += ["-e", f"{k}={v}"]
     for k in secret_env:
         options += ["-e", k]
+    return ["docker", "run", *options, knobs["IMAGE"], *engine_argv(recipe, knobs, rank, nnodes, model_path, tail)]
+
+
+def engine_argv(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, model_path: str, tail: list[str]) -> list[str]:
+    """The image's entrypoint (`vllm serve`) arguments: the model, the generated flags, then the recipe's tail."""
     engine = [model_path, "--served-model-name", knobs["SERVED_NAME"], "--host", "0.0.0.0", "--port", knobs["API_PORT"],
               "--trust-remote-code", "--tensor-parallel-size", str(recipe.tensor_parallel_size)]
     if "LOAD_FORMAT" in knobs.active and knobs["LOAD_FORMAT"]:
@@ -393,7 +405,7 @@ def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, 
                "--node-rank", str(rank), "--master-addr", knobs["MASTER_ADDR"], "--master-port", knobs["MASTER_PORT"]]
     if rank != 0:
         engine.append("--headless")
-    return ["docker", "run", *options, knobs["IMAGE"], *engine, *tail]
+    return [*engine, *tail]
 
 
 def nccl_env(nic: str, hca: str) -> dict[str, str]:

@@ -36,6 +36,79 @@ DEFAULT_GATES = (
 )
 
 
+# Run inside the image as `python3 -c ARGV_GATE ARGV...`: the image's own `vllm serve` parser, abbreviations off,
+# judges the engine argv, then the tool and reasoning parser names against the image's registries. Prints one line;
+# exit 0 when vLLM accepts the argv, 1 when it refuses (the line names the option), 2 when the image has no parser.
+ARGV_GATE = r"""
+import sys
+
+
+class Refused(Exception):
+    pass
+
+
+def _first(*imports):
+    for module, name in imports:
+        try:
+            return getattr(__import__(module, fromlist=[name]), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def parser():
+    make = _first(("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
+                  ("vllm.entrypoints.openai.cli_args", "make_arg_parser"))
+    flexible = _first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"), ("vllm.utils", "FlexibleArgumentParser"))
+    if make is None or flexible is None:
+        return None
+    p = make(flexible(allow_abbrev=False))
+
+    def error(message):
+        raise Refused(message)
+
+    p.error = error  # argparse reports unknown options and bad choices through error(): one line, no exit
+    return p
+
+
+def registered(dest):
+    manager = _first(("vllm.tool_parsers", "ToolParserManager"),
+                     ("vllm.entrypoints.openai.tool_parsers", "ToolParserManager")) if dest == "tool" else \
+        _first(("vllm.reasoning", "ReasoningParserManager"))
+    if manager is None:
+        return None
+    names = getattr(manager, "list_registered", None)
+    return set(names()) if names else set(getattr(manager, "tool_parsers", getattr(manager, "reasoning_parsers", {})))
+
+
+def judge(argv):
+    p = parser()
+    if p is None:
+        return 2, "no vLLM serve argument parser in the image (vllm...cli_args.make_arg_parser)"
+    try:
+        args = p.parse_args(argv)
+    except Refused as exc:
+        return 1, " ".join(str(exc).split())[:300]
+    for flag, dest, kind in (("--tool-call-parser", "tool_call_parser", "tool"),
+                             ("--reasoning-parser", "reasoning_parser", "reasoning")):
+        name = getattr(args, dest, None)
+        if name is None:
+            name = getattr(getattr(args, "structured_outputs_config", None), dest, None)
+        if not name or (kind == "tool" and getattr(args, "tool_parser_plugin", None)):
+            continue  # unset, or a plugin may register it at start
+        have = registered(kind)
+        if have is not None and name not in have:
+            return 1, f"{flag} {name}: the image's vLLM has no such {kind} parser (it has {', '.join(sorted(have))})"
+    return 0, f"vLLM accepts the argv ({len(argv)} arguments)"
+
+
+if __name__ == "__main__":
+    code, line = judge(sys.argv[1:])
+    print(line)
+    sys.exit(code)
+"""
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -390,8 +463,24 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> 
     elif len(identity) == len(plan.ranks):
         checks.append(Check("image-identity", "pass", f"every rank has {next(iter(identity.values()))[:19]}"))
     if gates and 0 in digests:
+        checks += argv_gate_checks(plan, runners[0])
         checks += gate_checks(plan, runners[0])
     return checks
+
+
+def argv_gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
+    """Each rank's engine argv, judged in a throwaway container by the image's own vLLM parser (ARGV_GATE): seconds,
+    no GPU, before a boot that takes 15 minutes. Every rank runs the one image, so the head judges them all."""
+    out = []
+    for rank in plan.ranks:
+        ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", "python3", plan.image,
+                                "-c", ARGV_GATE, *rank.engine_argv, timeout=300)
+        said = ran.stdout.strip().splitlines()
+        line = said[-1] if said else failure_line(ran)
+        out.append(Check("vllm-argv", "pass" if ran.returncode == 0 else "fail",
+                         line if ran.returncode in (0, 1, 2) and said else f"the argv gate did not run: {line}",
+                         rank.rank))
+    return out
 
 
 def _gates_from_label(label: str) -> list[tuple[str, ...]] | None:
@@ -434,7 +523,8 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
         checks += worker_snapshot_checks(plan, runners)
         checks += docker_checks(plan, runners, gates and not dry_run)
         if gates and dry_run:
-            checks.append(Check("gate", "skip", "the runtime gates start a throwaway container: not under --dry-run", 0))
+            checks.append(Check("gate", "skip", "the runtime gates and the vLLM argv gate start a throwaway container: "
+                                                "not under --dry-run", 0))
     else:
         checks.append(Check("image", "skip", "docker checks need --probe (or run without --dry-run)"))
     if on_check:

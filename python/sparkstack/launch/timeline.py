@@ -66,7 +66,7 @@ class RankTimeline:
     rank: int
     phases: tuple[tuple[str, float | None], ...]  # (phase, seconds since container start), first sighting, PHASES order
     kv_gib: float | None  # `Available KV cache memory` (the smallest, should the container hold several workers)
-    kv_tokens: int | None  # `GPU KV cache size` (the engine core prints it: the head)
+    kv_tokens: int | None  # `<device> KV cache size` (the engine core prints it: the head)
     concurrency: float | None
     fatal: Seen | None
     warnings: tuple[Seen, ...]

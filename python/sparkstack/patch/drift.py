@@ -27,15 +27,15 @@ Edit = tuple[str, str, str]  # marker, anchor, replacement
 class EditReport:
     file: str  # relative to the vLLM root
     marker: str
-    status: str  # applied | applicable | drifted
+    status: str  # applied (marker already there) | applicable | drifted (anchor not found once) | gone (no file)
     matches: int
-    diff: str  # for drifted: the closest region of the file against the anchor
+    diff: str  # for drifted: the closest region of the file against the anchor; for gone: one line
 
 
 @dataclass(frozen=True)
 class StepReport:
     name: str
-    status: str  # applied | applicable | drifted
+    status: str  # applied | applicable | drifted | gone (a file it edits is not in the base)
     method: str  # "static" (literal edits) or "dry-run"
     edits: tuple[EditReport, ...]
     detail: str
@@ -43,6 +43,30 @@ class StepReport:
     def to_json(self) -> dict:
         return {"step": self.name, "status": self.status, "method": self.method, "detail": self.detail,
                 "edits": [e.__dict__ for e in self.edits]}
+
+
+@dataclass(frozen=True)
+class InstallReport:
+    """An overlay file against the base: absent (the overlay adds it), identical, or present upstream (the base's
+    vLLM already ships a file there, which the build would replace with the overlay's)."""
+
+    dest: str  # relative to the vLLM root
+    status: str  # absent | identical | present-upstream
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"dest": self.dest, "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Drift:
+    steps: tuple[StepReport, ...]
+    installs: tuple[InstallReport, ...]
+
+    @property
+    def failed(self) -> list[str]:
+        """The steps a build cannot apply."""
+        return [r.name for r in self.steps if r.status in ("drifted", "gone")]
 
 
 class _NotLiteral(Exception):
@@ -127,7 +151,7 @@ def closest_region(text: str, anchor: str, label: str) -> str:
 def _check_edit(file: str, text: str | None, edit: Edit) -> EditReport:
     marker, anchor, _ = edit
     if text is None:
-        return EditReport(file, marker, "drifted", 0, f"{file} is not in the base image")
+        return EditReport(file, marker, "gone", 0, f"{file} is not in the base image")
     if marker and marker in text:
         return EditReport(file, marker, "applied", text.count(anchor), "")
     n = text.count(anchor)
@@ -138,6 +162,8 @@ def _check_edit(file: str, text: str | None, edit: Edit) -> EditReport:
 
 
 def _overall(statuses: list[str]) -> str:
+    if "gone" in statuses:
+        return "gone"
     if "drifted" in statuses:
         return "drifted"
     if statuses and all(s == "applied" for s in statuses):
@@ -172,15 +198,18 @@ def _static_report(base_files, overlay: Overlay, step: Step, edits: dict[str | N
                 continue
             # Unkeyed edits apply to the step's file(s): judge each against the file it fits best.
             candidates = [_check_edit(t, _text(base_files, overlay, t), edit) for t in step.touches]
-            rank = {"applied": 0, "applicable": 1, "drifted": 2}
+            rank = {"applied": 0, "applicable": 1, "drifted": 2, "gone": 3}
             results.append(min(candidates, key=lambda r: rank[r.status]))
     status = _overall([r.status for r in results])
-    drifted = sum(r.status == "drifted" for r in results)
-    return StepReport(step.name, status, "static", tuple(results),
-                      f"{len(results)} edits, {drifted} drifted" if drifted else f"{len(results)} edits")
+    counts = [f"{sum(r.status == k for r in results)} {k}" for k in ("gone", "drifted", "applied", "applicable")
+              if any(r.status == k for r in results)]
+    return StepReport(step.name, status, "static", tuple(results), f"{len(results)} edits: {', '.join(counts)}")
 
 
 def _dry_run_report(base_files, overlay: Overlay, step: Step, script: bytes) -> StepReport:
+    gone = [t for t in step.touches if _text(base_files, overlay, t) is None]
+    if gone:
+        return StepReport(step.name, "gone", "dry-run", (), f"{', '.join(gone)} is not in the base image")
     with fsio.staging_dir(Path(tempfile.gettempdir()), "drift") as work:
         scratch = work / "root"
         scratch.mkdir()
@@ -196,20 +225,38 @@ def _dry_run_report(base_files, overlay: Overlay, step: Step, script: bytes) -> 
                           "script ran cleanly on a scratch copy" + ("" if changed else " and changed nothing"))
 
 
+def install_reports(base_files: dict[str, bytes | None], overlay: Overlay, source_dir: Path,
+                    allow_unpinned: bool) -> tuple[InstallReport, ...]:
+    out = []
+    for inst in overlay.installs:
+        ours = read_checked(source_dir, inst.file, allow_unpinned)
+        theirs = base_files.get(f"{overlay.vllm_root}/{inst.dest}")
+        if theirs is None:
+            out.append(InstallReport(inst.dest, "absent", "not in the base: the overlay adds it"))
+        elif theirs == ours:
+            out.append(InstallReport(inst.dest, "identical", "the base already holds this very file"))
+        else:
+            out.append(InstallReport(inst.dest, "present-upstream", f"the base's vLLM ships its own ({len(theirs):,} B, "
+                                     f"the overlay's is {len(ours):,} B): a build would replace it"))
+    return tuple(out)
+
+
 def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platform: str = "linux/arm64",
                  extra_steps: tuple[str, ...] = (), allow_unpinned: bool = False,
-                 cache: LayerCache | None = None, on_progress=None) -> tuple[StepReport, ...]:
-    """`patch check`: read the files the steps touch from the base, then judge every step against them."""
+                 cache: LayerCache | None = None, on_progress=None) -> Drift:
+    """`patch check`: read the files the steps touch and the install targets from the base, then judge them."""
     overlay = load_overlay(overlay_dir)
     if overlay_src is None:
         raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
     if not overlay_src.is_dir():
         raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
     steps = overlay.enabled_steps(extra_steps)
-    paths = needed_paths(overlay, steps)
+    paths = sorted(set(needed_paths(overlay, steps)) | {f"{overlay.vllm_root}/{i.dest}" for i in overlay.installs})
     src, _, rootfs = open_rootfs(base, platform, paths, cache, on_progress)
     try:
         base_files = rootfs.read_files(paths)
     finally:
         src.close()
-    return check_drift(base_files, overlay, steps, overlay_source_dir(overlay, overlay_src), allow_unpinned)
+    source_dir = overlay_source_dir(overlay, overlay_src)
+    return Drift(check_drift(base_files, overlay, steps, source_dir, allow_unpinned),
+                 install_reports(base_files, overlay, source_dir, allow_unpinned))

@@ -110,6 +110,10 @@ def apply_overlay(base_files: dict[str, bytes | None], overlay: Overlay, steps: 
 
     outcomes = []
     for step in steps:
+        gone = [t for t in step.touches if not (scratch / overlay.vllm_root / t).is_file()]
+        if gone:
+            raise SparkstackError(f"patch step {step.name}: {', '.join(gone)} is not in the base image (gone upstream?); "
+                                  "`sparkstack patch check` reports every step")
         script = scripts / Path(step.script.path).name
         script.write_bytes(read_checked(source_dir, step.script, allow_unpinned))
         argv = step_argv(step, script, scratch, overlay.vllm_root)

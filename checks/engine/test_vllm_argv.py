@@ -1,0 +1,128 @@
+"""vLLM judges launch's argv: `sparkstack launch all --dry-run --json`, for every shipped recipe and every knob
+scenario, gives each rank's engine argv (what follows the image in docker_run); vLLM 0.32's own `vllm serve` parser,
+with abbreviations off, must accept every one. The judge is preflight's ARGV_GATE script itself, run by the real
+vLLM's python (SPARKSTACK_VLLM_PYTHON), once for all argvs; and it must refuse, in one line naming the option, an
+unknown option, an abbreviation, a value outside an option's choices and a parser name vLLM lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from vllm_sources import vllm_python
+
+from sparkstack.launch.preflight import ARGV_GATE
+
+RECIPES = sorted(p.parent.name for p in (Path(__file__).parents[2] / "recipes").glob("*/recipe.toml"))
+SCENARIOS = {
+    "defaults": {},
+    "eager": {"EAGER": "1"},
+    "not-eager": {"EAGER": "0"},
+    "load-format": {"LOAD_FORMAT": "instanttensor"},
+    "load-format-empty": {"LOAD_FORMAT": ""},
+    "kv-pin": {"KV_CACHE_MEMORY": "8589934592"},
+    "kv-pin-empty": {"KV_CACHE_MEMORY": ""},
+    "spec-tokens": {"NUM_SPEC_TOKENS": "7"},
+    "moe-backend": {"MOE_BACKEND": "triton"},
+    "sizes": {"MAX_MODEL_LEN": "131072", "MAX_NUM_SEQS": "2", "MAX_NUM_BATCHED_TOKENS": "4096", "GPU_MEM_UTIL": "0.8"},
+    "ports": {"API_PORT": "9000", "MASTER_PORT": "29600", "MASTER_ADDR": "10.0.0.1", "SERVED_NAME": "glm"},
+}
+SCENARIOS_KNOBS = {k for knobs in SCENARIOS.values() for k in knobs}  # unset from the caller's environment
+
+# Engine argvs vLLM must refuse, and a word the refusal must name.
+BASE = ["/models/snap", "--served-model-name", "m", "--tensor-parallel-size", "2"]
+REFUSED = {
+    "unknown-option": (BASE + ["--no-such-option", "1"], "--no-such-option"),
+    "abbreviation": (BASE + ["--kv-cache-memory", "123"], "--kv-cache-memory"),  # argparse would expand it
+    "bad-choice": (BASE + ["--kv-cache-dtype", "fp9"], "--kv-cache-dtype"),
+    "bad-moe-backend": (BASE + ["--moe-backend", "no-such-backend"], "--moe-backend"),
+    "tool-parser": (BASE + ["--enable-auto-tool-choice", "--tool-call-parser", "glm99"], "--tool-call-parser glm99"),
+    "reasoning-parser": (BASE + ["--reasoning-parser", "glm99"], "--reasoning-parser glm99"),
+}
+
+JUDGE_ALL = """
+import json, sys
+gate = {"__name__": "argv_gate"}
+exec(compile(sys.argv[1], "ARGV_GATE", "exec"), gate)
+print(json.dumps({k: gate["judge"](v) for k, v in json.load(sys.stdin).items()}))
+"""
+
+
+@pytest.fixture(scope="session")
+def hf_home(tmp_path_factory):
+    """A hub whose refs/main names a snapshot for every cache entry the recipes serve."""
+    home = tmp_path_factory.mktemp("argv-hf")
+    for name in ("models--LibertAIDAI--GLM-5.3-Flash-NVFP4-no-MTP", "models--incoai--GLM-5.3-Flash-DFlash2",
+                 "models--local-inference-lab--GLM-5.3-Flash-NVFP4"):
+        (home / "hub" / name / "refs").mkdir(parents=True)
+        (home / "hub" / name / "refs" / "main").write_text("c" * 40)
+        (home / "hub" / name / "snapshots" / ("c" * 40)).mkdir(parents=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def planned(hf_home) -> dict[str, list[str]]:
+    """Every rank's engine argv, for every recipe and scenario, from the CLI's JSON as a user gets it."""
+    from clirun import sparkstack_cmd
+
+    out = {}
+    for recipe in RECIPES:
+        for name, knobs in SCENARIOS.items():
+            env = {k: v for k, v in os.environ.items() if k not in SCENARIOS_KNOBS}
+            env.update(HF_HOME=str(hf_home), **knobs)
+            proc = subprocess.run(sparkstack_cmd() + ["launch", "all", "--recipe", recipe, "--dry-run", "--json"],
+                                  capture_output=True, text=True, env=env, timeout=300)
+            assert proc.returncode == 0, (recipe, name, proc.stderr)
+            doc = json.loads(proc.stdout)
+            for rank in doc["ranks"]:
+                run, engine = rank["docker_run"], rank["engine_argv"]
+                image_at = len(run) - len(engine) - 1
+                assert run[image_at] == doc["image"] and run[image_at + 1:] == engine  # the tail after the image
+                out[f"{recipe}/{name}/rank{rank['rank']}"] = engine
+    return out
+
+
+@pytest.fixture(scope="session")
+def verdicts(planned) -> dict[str, list]:
+    """ARGV_GATE's judge() in the real vLLM, once for every argv (vLLM's import costs tens of seconds here)."""
+    argvs = {**planned, **{f"refused/{k}": v for k, (v, _) in REFUSED.items()}}
+    proc = subprocess.run([vllm_python(), "-c", JUDGE_ALL, ARGV_GATE], input=json.dumps(argvs), capture_output=True,
+                          text=True, timeout=900, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin",
+                                                        "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_recipe_and_scenario_was_planned(planned):
+    assert len(RECIPES) >= 2
+    assert len(planned) == len(RECIPES) * len(SCENARIOS) * 2  # two ranks each
+
+
+def test_vllm_accepts_every_planned_argv(planned, verdicts):
+    refused = {k: verdicts[k] for k in planned if verdicts[k][0] != 0}
+    assert not refused, refused
+
+
+def test_launch_writes_every_option_in_full(planned):
+    """The abbreviation test below shows the judge refuses prefixes; this names the one the seed used."""
+    for key, argv in planned.items():
+        assert "--kv-cache-memory" not in argv, key
+    kv = planned[f"{RECIPES[-1]}/kv-pin/rank0"]
+    assert kv[kv.index("--kv-cache-memory-bytes") + 1] == "8589934592"
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_vllm_refuses_in_one_line_naming_the_option(verdicts, case):
+    code, line = verdicts[f"refused/{case}"]
+    assert code == 1 and "\n" not in line and REFUSED[case][1] in line, (code, line)
+
+
+def test_the_gate_script_as_preflight_runs_it(tmp_path):
+    """`python3 -c ARGV_GATE ARGV...`, exactly as the container runs it: exit 1 and one line on stdout."""
+    argv, word = REFUSED["abbreviation"]
+    proc = subprocess.run([vllm_python(), "-c", ARGV_GATE, *argv], capture_output=True, text=True, timeout=900,
+                          env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1 and len(proc.stdout.strip().splitlines()) == 1 and word in proc.stdout, proc
