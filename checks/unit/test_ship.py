@@ -211,6 +211,44 @@ def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(
     assert dest.read_bytes() == data
 
 
+def _count_wire_bytes(world, *hosts) -> None:
+    targets = json.loads(world["env"]["FAKE_TARGETS"])
+    for host in hosts:
+        targets[host]["count_stdin"] = True
+    world["env"]["FAKE_TARGETS"] = json.dumps(targets)
+
+
+def _wire_bytes(log: Path, host: str) -> int:
+    """Every byte the head wrote into ssh towards `host`: helper, frames and payload, over every attempt."""
+    return sum(c["stdin_bytes"] for c in shipfix.calls(log) if c.get("target") == host)
+
+
+def test_a_partial_with_a_corrupt_prefix_is_restarted_at_once_and_counted_not_sent_twice(world):
+    """The host's partial has the right length but a flipped first byte. The head must see that from the
+    prefix hash and send the blob from byte 0 once: resuming on top of it would only be caught by the final
+    hash, and the blob would cross a second time. Judged on what crossed the wire, not on the last attempt."""
+    _count_wire_bytes(world, "w1", "w2")
+    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+    victim = max(blobs, key=lambda b: b.size)
+    data = victim.path.read_bytes()
+    half = len(data) // 2
+    dest = host_blob(world, "w1", MODEL, victim.name)
+    dest.parent.mkdir(parents=True)
+    partial = dest.with_name(f".{victim.name}.sparkstack-partial")
+    partial.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:half])
+    args = ("--no-image", "--model", MODEL, "--streams", "1", "--json")
+    clean = result(ship(world, "w2", *args, check=0))["w2"]  # the same ship to a host that holds nothing
+    out = result(ship(world, "w1", *args, check=0))["w1"]
+    total = sum(b.size for b in blobs)
+    (part,), (clean_part,) = out["weights"], clean["weights"]
+    assert clean_part["bytes_sent"] == total and clean_part["partials_restarted"] == 0
+    assert part["partials_restarted"] == 1 and part["bytes_resumed"] == 0
+    assert part["bytes_sent"] == total and part["blobs_sent"] == len(blobs)
+    assert _wire_bytes(world["log"], "w2") > total
+    assert _wire_bytes(world["log"], "w1") == _wire_bytes(world["log"], "w2")  # byte for byte: nothing crossed twice
+    assert dest.read_bytes() == data and not partial.exists()
+
+
 def test_hosts_ship_at_once_and_one_failing_host_leaves_the_others_done(world):
     img = world["tmp"] / "img"
     build(world, img)
