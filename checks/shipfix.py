@@ -3,9 +3,11 @@
 The fake ssh runs its remote command here, with HOME set to that target's own dir (so "what the host
 has" is really separate from the head's files), and with XDG_DATA_HOME and HF_HOME unset, as a login
 over ssh would be. A target may instead fail like ssh does (a wrong host key), or have no docker on
-its PATH. The fake docker keeps "loaded" images (and their layers' diff_ids) in a state file in that HOME; `load`
-reads its stdin as a tar stream, records whether it was a pipe, checks every blobs/sha256/<hex> member
-against <hex>, and, like docker, needs no file for a layer whose chain it already holds.
+its PATH. With "count_stdin", the fake ssh relays its stdin and logs how many bytes went to the host
+("stdin_bytes"): what crossed the wire, every attempt included. The fake docker keeps "loaded" images
+(and their layers' diff_ids) in a state file in that HOME; `load` reads its stdin as a tar stream,
+records whether it was a pipe, checks every blobs/sha256/<hex> member against <hex>, and, like docker,
+needs no file for a layer whose chain it already holds.
 The lab (checks/lab/test_ship_lab.py) does the same against real sshd and dockerd.
 """
 
@@ -35,7 +37,28 @@ env = {k: v for k, v in os.environ.items() if k not in ("XDG_DATA_HOME", "HF_HOM
 env.update(HOME=t["home"], FAKE_STATE=os.path.join(t["home"], ".engine.json"))
 if t.get("path") is not None:
     env["PATH"] = t["path"]
-sys.exit(subprocess.call(shlex.split(command), env=env))
+if not t.get("count_stdin"):
+    sys.exit(subprocess.call(shlex.split(command), env=env))
+# Relay stdin to the remote command, counting every byte that crosses "the wire" towards the host.
+child = subprocess.Popen(shlex.split(command), env=env, stdin=subprocess.PIPE, bufsize=0)
+crossed = 0
+while True:
+    chunk = os.read(0, 1 << 20)
+    if not chunk:
+        break
+    try:
+        child.stdin.write(chunk)
+    except BrokenPipeError:
+        break
+    crossed += len(chunk)
+try:
+    child.stdin.close()
+except BrokenPipeError:
+    pass
+code = child.wait()
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps({"stdin_bytes": crossed, "target": target, "command": command}) + "\n")
+sys.exit(code)
 '''
 
 FAKE_DOCKER = r'''#!{python}

@@ -222,6 +222,23 @@ def test_plan_kv_reproduces_the_measured_points(run_cli):
     assert "2048 % 660" in mx["page_unification"]["reason"]
 
 
+def test_plan_kv_reports_the_measured_per_token_cost_in_json_and_text(run_cli):
+    """FACTS.md §4: a 10,247,694,336 B pin gave 989,727 tokens, i.e. 10,354.06 B per token. That figure is what a
+    user sizes a new pin by, so it is held to the measured one in both outputs, not only through the tokens."""
+    measured = json.loads(run_cli("plan", "kv", "--json", check=0).stdout)
+    assert measured["kv_bytes"] == 10_247_694_336 and measured["max_model_len"] == 524_288
+    assert measured["per_token_bytes"] == pytest.approx(10_354.06, abs=0.005)
+    # Another pin costs the same per token: 5.5 GiB at 10,354.06 B/token is about 570,363 tokens.
+    small = json.loads(run_cli("plan", "kv", "--kv-bytes", str(int(5.5 * 2**30)), "--json", check=0).stdout)
+    assert small["per_token_bytes"] == measured["per_token_bytes"] and small["kv_bytes"] == 5_905_580_032
+    assert abs(small["tokens"] - 5_905_580_032 / 10_354.06) < 1
+    text = run_cli("plan", "kv", check=0).stdout.splitlines()
+    assert text[0] == "10,247,694,336 B / 10,354.06 B per token = 989,727 tokens = 1.89x max-model-len 524,288"
+    # The MXFP8 recipe was never booted: no measured cost, so no tokens, rather than a guess.
+    mx = json.loads(run_cli("plan", "kv", "--recipe", "glm53-flash-dflash2-mxfp8", "--json", check=0).stdout)
+    assert mx["per_token_bytes"] is None and mx["tokens"] is None
+
+
 def test_page_unification_rules():
     from sparkstack.recipe import KvGeometry
     from sparkstack.recipe.kv import page_unification

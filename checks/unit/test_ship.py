@@ -13,14 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir
+from huggingface_hub import scan_cache_dir, snapshot_download
 
 import hostfix
 import imagefix as fx
 import shipfix
 from clirun import sparkstack_cmd
+from killfix import run_killed_before
+from sparkstack import hfcache
 from sparkstack.hfcache import entry_for_copy
 from sparkstack.remote import Runner
+from sparkstack.ship import helper, local
 from sparkstack.ship import plan as P
 from sparkstack.ship import wire
 
@@ -209,6 +212,94 @@ def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(
     (part,) = out["weights"]
     assert part["bytes_resumed"] == 0 and part["bytes_sent"] == victim.size and part["blobs_sent"] == 1
     assert dest.read_bytes() == data
+
+
+def _count_wire_bytes(world, *hosts) -> None:
+    targets = json.loads(world["env"]["FAKE_TARGETS"])
+    for host in hosts:
+        targets[host]["count_stdin"] = True
+    world["env"]["FAKE_TARGETS"] = json.dumps(targets)
+
+
+def _wire_bytes(log: Path, host: str) -> int:
+    """Every byte the head wrote into ssh towards `host`: helper, frames and payload, over every attempt."""
+    return sum(c["stdin_bytes"] for c in shipfix.calls(log) if c.get("target") == host)
+
+
+def test_a_partial_with_a_corrupt_prefix_is_restarted_at_once_and_counted_not_sent_twice(world):
+    """The host's partial has the right length but a flipped first byte. The head must see that from the
+    prefix hash and send the blob from byte 0 once: resuming on top of it would only be caught by the final
+    hash, and the blob would cross a second time. Judged on what crossed the wire, not on the last attempt."""
+    _count_wire_bytes(world, "w1", "w2")
+    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+    victim = max(blobs, key=lambda b: b.size)
+    data = victim.path.read_bytes()
+    half = len(data) // 2
+    dest = host_blob(world, "w1", MODEL, victim.name)
+    dest.parent.mkdir(parents=True)
+    partial = dest.with_name(f".{victim.name}.sparkstack-partial")
+    partial.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:half])
+    args = ("--no-image", "--model", MODEL, "--streams", "1", "--json")
+    clean = result(ship(world, "w2", *args, check=0))["w2"]  # the same ship to a host that holds nothing
+    out = result(ship(world, "w1", *args, check=0))["w1"]
+    total = sum(b.size for b in blobs)
+    (part,), (clean_part,) = out["weights"], clean["weights"]
+    assert clean_part["bytes_sent"] == total and clean_part["partials_restarted"] == 0
+    assert part["partials_restarted"] == 1 and part["bytes_resumed"] == 0
+    assert part["bytes_sent"] == total and part["blobs_sent"] == len(blobs)
+    assert _wire_bytes(world["log"], "w2") > total
+    assert _wire_bytes(world["log"], "w1") == _wire_bytes(world["log"], "w2")  # byte for byte: nothing crossed twice
+    assert dest.read_bytes() == data and not partial.exists()
+
+
+def _host_view(hub: Path, repo_id: str) -> dict[str, bytes]:
+    """What a loader on the host reads: refs/main resolved offline by huggingface_hub, then every file's bytes."""
+    try:
+        snap = Path(snapshot_download(repo_id, cache_dir=hub, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 - whatever the hub library raises, the reader failed
+        failure = f"huggingface_hub cannot resolve refs/main: {type(exc).__name__}"
+    else:
+        failure = None
+    assert failure is None, failure
+    return {p.relative_to(snap).as_posix(): p.read_bytes() for p in sorted(snap.rglob("*")) if not p.is_dir()}
+
+
+def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_snapshot(world, tmp_path):
+    """The host holds the revision already, with one stale link more than the head's snapshot: finish rebuilds
+    the snapshot while refs/main names that revision throughout. Killed before each of its changes in turn
+    (checks/killfix.py), the host's loader finds the old snapshot or the new one, whole, never none."""
+    ship(world, "w1", "--no-image", "--model", MODEL, check=0)
+    hub = world["tmp"] / "w1" / HUB
+    (entry,) = local.entries_to_ship(world["head"] / HUB, (MODEL,))
+    repo_id = hfcache.repo_id_from_folder(MODEL)
+    snap = hub / entry.layout.snapshot_dir
+    rel, _blob, target = entry.layout.links[0]
+    os.symlink(target, snap / "stale.json")  # same dir depth as links[0]: a good link to a blob the host has
+    new = {f: (world["head"] / HUB / entry.layout.snapshot_dir / f).read_bytes() for f, _, _ in entry.layout.links}
+    old = dict(new, **{"stale.json": new[rel]})
+    assert _host_view(hub, repo_id) == old
+    doc = {**entry.layout.to_json(), "blobs": [b.wire() for b in entry.blobs]}
+
+    def finish(copy: Path):
+        def run():
+            os.environ["XDG_DATA_HOME"] = str(copy / "data")  # the helper's verified records: not this HOME
+            return helper.finish_entry(str(copy / "hub"), doc)
+        return run
+
+    full = tmp_path / "full"
+    shutil.copytree(hub, full / "hub", symlinks=True)
+    steps = run_killed_before(-1, finish(full))
+    assert steps is not None and steps >= 3
+    assert _host_view(full / "hub", repo_id) == new  # run through, the stale link is gone
+    for step in range(steps):
+        copy = tmp_path / f"killed-{step}"
+        shutil.copytree(hub, copy / "hub", symlinks=True)
+        assert run_killed_before(step, finish(copy)) is None
+        try:
+            seen = _host_view(copy / "hub", repo_id)
+        except AssertionError as exc:
+            raise AssertionError(f"killed before step {step}: {exc}") from None
+        assert seen in (old, new), f"killed before step {step}: {sorted(seen)}"
 
 
 def test_hosts_ship_at_once_and_one_failing_host_leaves_the_others_done(world):

@@ -101,6 +101,52 @@ def test_second_run_is_a_no_op(cache, run_cli):
     assert plan["up_to_date"] is True
 
 
+def _edit_in_place(path: Path, tensor: str) -> bytes:
+    """Flip one byte of `tensor`'s data in the file behind `path`, keeping its inode and size, and move its
+    mtime on by a second (so the test never hangs on the clock's granularity). Returns the tensor's new bytes."""
+    real = path.resolve()
+    before = real.stat()
+    raw = bytearray(real.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8:8 + n])[tensor]["data_offsets"]
+    raw[8 + n + begin] ^= 0xFF
+    with open(real, "r+b") as f:  # in place: no new inode, no rename
+        f.write(raw)
+    os.utime(real, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    after = real.stat()
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size) and after.st_mtime_ns != before.st_mtime_ns
+    return bytes(raw[8 + n + begin:8 + n + end])
+
+
+def _tensor_bytes(path: Path, tensor: str) -> bytes:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8:8 + n])[tensor]["data_offsets"]
+    return raw[8 + n + begin:8 + n + end]
+
+
+def test_a_shard_edited_in_place_same_size_is_never_up_to_date(cache, run_cli):
+    """Size, inode and blob name stay; only the bytes and the mtime move. On the source side (an edit through
+    a snapshot link) and on the output side (someone wrote into the stripped shard), strip must redo the work."""
+    entry, _ = cache
+    kept = "model.layers.2.mlp.down_proj.weight"  # in the mixed shard, kept: strip rewrites that shard
+    run_cli("strip", entry, check=0)
+    out = entry.with_name(entry.name + "-no-MTP") / "snapshots" / synth.REVISION / MIXED
+    src = entry / "snapshots" / synth.REVISION / MIXED
+    assert _tensor_bytes(out, kept) == _tensor_bytes(src, kept)
+
+    edited = _edit_in_place(src, kept)
+    proc = run_cli("strip", entry, check=0)
+    assert "up to date" not in proc.stdout
+    assert _tensor_bytes(out, kept) == edited  # the output follows the edited source
+
+    _edit_in_place(out, kept)
+    assert _tensor_bytes(out, kept) != edited
+    proc = run_cli("strip", entry, check=0)
+    assert "up to date" not in proc.stdout
+    assert _tensor_bytes(out, kept) == edited  # the damaged output was rebuilt from the source
+
+
 def test_dry_run_reports_plan_and_writes_nothing(cache, run_cli):
     entry, tensors = cache
     proc = run_cli("strip", entry, "--dry-run", "--json", check=0)

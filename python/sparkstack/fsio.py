@@ -6,6 +6,7 @@ leaves either nothing, the old version, or a complete and verified new one.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -108,11 +109,16 @@ def _remove_abandoned_staging(beside: Path, label: str) -> None:
 
 
 def replace_dir(new: Path, dest: Path) -> None:
-    """Move the complete dir `new` to `dest`. An existing `dest` is moved aside first, then removed.
+    """Move the complete dir `new` to `dest`. An existing `dest` is swapped with it in one step, then removed.
 
-    A kill between the two renames leaves `dest` absent and the old copy under a
-    hidden name, never a mixture; the next run rebuilds it.
+    Readers of `dest` see the old tree or the new one, never neither: Linux's renameat2(RENAME_EXCHANGE).
+    Where the filesystem cannot exchange, the old `dest` is moved aside first, and a kill between the two
+    renames leaves `dest` absent and the old copy under a hidden name, never a mixture; the next run rebuilds it.
     """
+    if dest.is_dir() and not dest.is_symlink() and exchange(new, dest):
+        fsync_dir(dest.parent)
+        shutil.rmtree(new, ignore_errors=True)  # the old tree, now under the staged name
+        return
     old = None
     if dest.exists() or dest.is_symlink():
         old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
@@ -120,7 +126,31 @@ def replace_dir(new: Path, dest: Path) -> None:
     os.replace(new, dest)
     fsync_dir(dest.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_symlink():
+            old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (renameat2 with RENAME_EXCHANGE). False where this system or
+    filesystem cannot; any other failure raises."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28
+        return False
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def link_or_copy(src: Path, dst: Path, on_progress: Callable[[int], None] | None = None) -> str:

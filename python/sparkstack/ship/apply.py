@@ -82,6 +82,7 @@ class ImageResult:
     blobs_present: int
     bytes_sent: int
     bytes_resumed: int
+    partials_restarted: int
     loaded: bool
     already_loaded: bool
     tagged: bool
@@ -99,6 +100,7 @@ class EntryResult:
     blobs_present: int
     bytes_sent: int
     bytes_resumed: int
+    partials_restarted: int
     snapshot: str  # "rebuilt" or "up to date"
     ref: str  # "written" or "up to date"
 
@@ -138,9 +140,10 @@ class ShipResult:
 
 
 def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int, on_bytes: Callable[[int], None],
-               done: dict[str, tuple[int, int]]) -> None:
-    """Send `blobs` over up to `streams` connections, largest first, filling key -> (bytes sent, bytes resumed)
-    in `done` as each one lands (so a host that fails half way still reports what crossed)."""
+               done: dict[str, tuple[int, int, int]]) -> None:
+    """Send `blobs` over up to `streams` connections, largest first, filling key -> (bytes sent, bytes resumed,
+    partials restarted) in `done` as each one lands (so a host that fails half way still reports what crossed).
+    Bytes sent count every attempt, the ones the host refused included."""
     todo: queue.Queue[Blob] = queue.Queue()
     for b in sorted(blobs, key=lambda b: -b.size):
         todo.put(b)
@@ -156,9 +159,9 @@ def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int, on_bytes: 
                     return
                 if stream is None:
                     stream = wire.Stream(target.runner, target.hub)
-                s, r = _send_checked(stream, blob, on_bytes)
-                old = done.get(blob.key, (0, 0))
-                done[blob.key] = (old[0] + s, r or old[1])
+                s, r, restarted = _send_checked(stream, blob, on_bytes)
+                old = done.get(blob.key, (0, 0, 0))
+                done[blob.key] = (old[0] + s, r or old[1], old[2] + restarted)
         except (SparkstackError, OSError) as exc:
             errors.append(exc)
         finally:
@@ -171,16 +174,18 @@ def send_blobs(target: Target, blobs: tuple[Blob, ...], streams: int, on_bytes: 
         raise exc if isinstance(exc, SparkstackError) else SparkstackError(f"{exc.strerror or exc}")
 
 
-def _send_checked(stream: wire.Stream, blob: Blob, on_bytes: Callable[[int], None]) -> tuple[int, int]:
-    try:
-        return stream.send_blob(blob, on_bytes)
-    except wire.Mismatch:
-        pass
+def _send_checked(stream: wire.Stream, blob: Blob, on_bytes: Callable[[int], None]) -> tuple[int, int, int]:
+    """(bytes sent over both tries, bytes resumed, partials restarted) for one blob the host ends up holding."""
+    first = stream.send_blob(blob, on_bytes)
+    if first.refused is None:
+        return first.sent, first.resumed, int(first.restarted)
     # The host refused the bytes it got. If ours do not match the name either, say so: never resend bad bytes.
     if wire.local_digest(blob) != blob.digest:
         raise SparkstackError(f"the head's copy of {blob.key} ({blob.source}) does not match its name; not shipped")
-    sent, resumed = stream.send_blob(blob, on_bytes)  # once more: a transport fault, not our data
-    return sent, resumed
+    again = stream.send_blob(blob, on_bytes)  # once more: a transport fault, not our data
+    if again.refused is not None:
+        raise wire.ShipError(again.refused)
+    return first.sent + again.sent, again.resumed, int(first.restarted) + int(again.restarted)
 
 
 def _finish_request(target: Target, plan: ShipPlan, host: HostPlan) -> dict:
@@ -199,17 +204,19 @@ def _finish_request(target: Target, plan: ShipPlan, host: HostPlan) -> dict:
 def ship_host(plan: ShipPlan, host: HostPlan, t0: float, on_progress: Progress | None) -> HostResult:
     target = host.target
     started = time.monotonic()
-    sent: dict[str, tuple[int, int]] = {}
+    sent: dict[str, tuple[int, int, int]] = {}
 
     def on_bytes(n: int) -> None:
         if on_progress:
             on_progress(target.host, n)
 
-    def counts(send: tuple[Blob, ...], present: tuple[Blob, ...]) -> tuple[int, int, int, int]:
-        """(blobs sent, blobs present, payload bytes written, bytes of verified prefixes not resent)."""
-        crossed = [b for b in send if sent.get(b.key, (0, 0)) != (0, 0)]
-        return (len(crossed), len(present) + sum(1 for b in send if sent.get(b.key) == (0, 0)),
-                sum(sent[b.key][0] for b in crossed), sum(sent[b.key][1] for b in crossed))
+    def counts(send: tuple[Blob, ...], present: tuple[Blob, ...]) -> tuple[int, int, int, int, int]:
+        """(blobs sent, blobs present, payload bytes written, bytes of verified prefixes not resent,
+        partials on the host that failed their prefix check and were sent again from byte 0)."""
+        crossed = [b for b in send if sent.get(b.key, (0, 0, 0))[:2] != (0, 0)]
+        return (len(crossed), len(present) + sum(1 for b in send if b.key in sent and sent[b.key][:2] == (0, 0)),
+                sum(sent[b.key][0] for b in crossed), sum(sent[b.key][1] for b in crossed),
+                sum(sent[b.key][2] for b in crossed))
 
     def result(error: str | None, finished: dict | None) -> HostResult:
         finished = finished or {}

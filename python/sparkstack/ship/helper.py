@@ -19,6 +19,7 @@ What a file is verified as is remembered by its stat identity under the store's 
 to it (a new mtime or ctime) makes the next inventory hash it again.
 """
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -506,12 +507,33 @@ def rebuild_snapshot(snap, blobs_dir, links):
                 if not os.path.islink(p):  # a real file is data, not a link: never thrown away here
                     shutil.rmtree(stage, ignore_errors=True)
                     raise Refused("%s is a regular file, not a link into blobs/; refusing to replace the snapshot" % p)
+        if os.path.isdir(snap) and not os.path.islink(snap) and exchange(stage, snap):
+            fsync_dir(parent)  # readers saw the old links, then the new: never no snapshot at all
+            shutil.rmtree(stage, ignore_errors=True)  # the old links, now under the staged name
+            return
         old = os.path.join(parent, ".%s.sparkstack-old-%d" % (os.path.basename(snap), os.getpid()))
         os.rename(snap, old)
     os.rename(stage, snap)
     fsync_dir(parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)  # links and dirs only: blobs are never touched
+
+
+def exchange(a, b):
+    """Swap two existing paths in one step (Linux renameat2 RENAME_EXCHANGE); False where this host cannot."""
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (ImportError, OSError, AttributeError):
+        return False
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    if fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 # ---------------------------------------------------------------- finish: the image

@@ -15,6 +15,7 @@ import os
 import threading
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -184,6 +185,16 @@ def parse_inventory(doc: dict) -> Inventory:
 # ---------------------------------------------------------------- streams
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What one try at one blob did."""
+
+    sent: int  # payload bytes written to the connection
+    resumed: int  # bytes of the host's verified partial that were not sent again
+    restarted: bool  # the host held a partial whose prefix did not hash like ours: sent from byte 0
+    refused: str | None = None  # the host's line when what arrived did not hash to the blob's name (it kept nothing)
+
+
 class Stream:
     """One ssh connection receiving blobs one after another."""
 
@@ -191,13 +202,13 @@ class Stream:
         self.session = Session(runner, {"op": "recv", "hub": hub})
         self.session.receive()  # the helper is up and ready for frames
 
-    def send_blob(self, blob: Blob, on_bytes: Callable[[int], None]) -> tuple[int, int]:
-        """Send one blob. Returns (payload bytes written, bytes of a verified prefix that were not resent)."""
+    def send_blob(self, blob: Blob, on_bytes: Callable[[int], None]) -> Attempt:
+        """Send one blob once, resuming from the host's partial only where its prefix hashes like ours."""
         s = self.session
         s.send({"blob": blob.wire()})
         answer = s.receive()
         if answer.get("have") == "complete":
-            return 0, 0
+            return Attempt(0, 0, False)
         have = answer.get("have")
         if not isinstance(have, int) or not 0 <= have <= blob.size:
             raise ShipError(f"bad partial length for {blob.key}")
@@ -205,8 +216,11 @@ class Stream:
         offset = have if have and prefix_sha256(blob, have) == answer.get("prefix") else 0
         s.send({"offset": offset})
         sent = send_bytes(s, blob, offset, on_bytes)
-        s.receive()  # verified and renamed into place, or a ShipError saying it did not match
-        return sent, offset
+        try:
+            s.receive()  # verified and renamed into place, or a Mismatch: the host hashed it and kept nothing
+        except Mismatch as exc:
+            return Attempt(sent, offset, have > offset, str(exc))
+        return Attempt(sent, offset, have > offset)
 
     def close(self) -> None:
         self.session.close()
