@@ -136,7 +136,6 @@ class RankPlan:
     secret_env: tuple[str, ...] = ()
     engine_argv: tuple[str, ...] = ()  # what follows the image in docker_run: the argv vLLM parses
 
-
     @property
     def headless(self) -> bool:
         return self.rank != 0

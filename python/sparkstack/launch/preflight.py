@@ -71,9 +71,9 @@ def parser():
     return p
 
 
-def registered(dest):
+def registered(kind):
     manager = _first(("vllm.tool_parsers", "ToolParserManager"),
-                     ("vllm.entrypoints.openai.tool_parsers", "ToolParserManager")) if dest == "tool" else \
+                     ("vllm.entrypoints.openai.tool_parsers", "ToolParserManager")) if kind == "tool" else \
         _first(("vllm.reasoning", "ReasoningParserManager"))
     if manager is None:
         return None
