@@ -6,8 +6,8 @@ Two servers for the whole session, booted side by side (each ~100 s of one core)
   restarted mid-soak.
 
 vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
-fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every test here is in one xdist group
-("vllm"), so with `--dist loadgroup` one worker runs the tier and boots the servers once.
+fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every test here that uses the servers is in one
+xdist group ("vllm"), so with `--dist loadgroup` one worker runs them and boots the servers once.
 """
 
 import os
@@ -34,8 +34,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Only the tests that use the servers: the source, argv and drift tests need no server and run anywhere.
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(HERE):
+        if Path(str(item.fspath)).is_relative_to(HERE) and "engines" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("vllm"))
 
 

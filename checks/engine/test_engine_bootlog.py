@@ -26,8 +26,6 @@ def test_the_timeline_reads_weights_and_api_ready_in_order(spec_server):
     assert 0 <= phases["weights loaded"] <= phases["API ready"]
 
 
-@pytest.mark.xfail(strict=True, reason="launch/bootlines.py (owned by the launch engineer) does not yet read 0.32's "
-                   "one-line `CPU KV cache size: N tokens, Maximum concurrency ...` nor `init engine ... took X s`")
 def test_the_timeline_reads_every_phase_0_32_prints(spec_server):
     t, log = _parse(spec_server)
     phases = dict(t.phases)
