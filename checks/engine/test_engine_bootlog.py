@@ -8,7 +8,6 @@ and no graph capture (CPU, eager)."""
 
 import re
 
-import pytest
 
 from sparkstack.launch import timeline
 
