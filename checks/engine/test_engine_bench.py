@@ -90,7 +90,9 @@ def test_bench_beside_vllm_bench_serve(run_cli, vllm_py, spec_server, tmp_path, 
             assert set(cell["flags"]) <= {"noisy"} and proc.returncode == 1, cell["flags"]
             assert cell["acceptance_length"] is None and cell["output_tok_s"] is None
         # peer: vLLM's own benchmark on the same server, same prompts, settings and concurrency
+        peer_before = _scrape(spec_server.url)
         peer = _peer(vllm_py, spec_server, concurrency, tmp_path)
+        peer_server = metrics.server_timing(peer_before, _scrape(spec_server.url))
         rounds = [r["output_tok_s"] for r in cell["rounds"]]
         ours_len = 1 + mine.accepted / mine.drafts
         pairs = {
@@ -114,9 +116,17 @@ def test_bench_beside_vllm_bench_serve(run_cli, vllm_py, spec_server, tmp_path, 
                                                                          _round(one["server_timing"]["stream_tok_s"]))}
         rows += [f"c={concurrency} | {name} | {ours} | {theirs if not isinstance(theirs, float) else round(theirs, 3)}"
                  for name, (ours, theirs) in pairs.items()]
-        # within the rounds' spread: the peer ran minutes later on a shared 2-core box, so its throughput must lie
-        # inside the range our own rounds covered, widened by a factor of 2 for the time between them
-        assert min(rounds) / 2 <= peer["output_throughput"] <= max(rounds) * 2, pairs
+        # Raw throughput: the peer ran a minute later on a shared 2-core box whose speed swings several-fold with
+        # other sessions' load (rounds 509 and 222 tok/s seconds apart, the peer 106 a minute later), so only a
+        # gross bound holds raw. The load-proof comparison is each run's aggregate tok/s over the server's own
+        # per-stream decode rate during that same run: how many streams' worth of decoding each tool saw.
+        assert min(rounds) / 4 <= peer["output_throughput"] <= max(rounds) * 4, pairs
+        if one:
+            ours_streams = one["output_tok_s"] / one["server_timing"]["stream_tok_s"]
+            peer_streams = peer["output_throughput"] / peer_server.stream_tok_s
+            rows.append(f"c={concurrency} | one round: tok/s over the server's per-stream tok/s | "
+                        f"{ours_streams:.3f} | {peer_streams:.3f}")
+            assert _close(ours_streams, peer_streams, 0.5), (ours_streams, peer_streams)
         assert abs(ours_len - peer["spec_decode_acceptance_length"]) <= 0.1, pairs
         theirs_pos = peer.get("spec_decode_per_position_acceptance_rates")
         if theirs_pos is not None:
