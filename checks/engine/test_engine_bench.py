@@ -46,7 +46,9 @@ def _peer(vllm_py, server, concurrency, tmp_path):
             "--dataset-name", "custom", "--dataset-path", str(data), "--skip-chat-template",
             "--custom-output-len", str(MAX_TOKENS), "--num-prompts", str(n), "--max-concurrency", str(concurrency),
             "--temperature", "0", "--top-p", "0.95", "--disable-shuffle", "--num-warmups", "0",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50"]
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50",
+            # bench asks every request for logprobs (the sampling-integrity count): the peer sends the same body
+            "--extra-body", json.dumps({"logprobs": True})]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
