@@ -86,7 +86,7 @@ class Server:
         """One short request at temperature 0: the first request of a fresh engine pays one-off compiles (the ngram
         proposer's numba kernel among them), which would otherwise land in the first measured figure."""
         body = {"model": self.name, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 32,
-                "temperature": 0}
+                "temperature": 0, "logprobs": True}  # bench and soak ask logprobs: their path is warmed too
         resp = requests.post(self.url + "/v1/chat/completions", json=body, timeout=BOOT_BOUND_S)
         if resp.status_code != 200:
             raise RuntimeError(f"vLLM ({self.name}) answered the warm-up with HTTP {resp.status_code}: {resp.text}")
