@@ -129,7 +129,9 @@ def test_bench_beside_vllm_bench_serve(run_cli, vllm_py, spec_server, tmp_path, 
             rows.append(f"c={concurrency} | one round: tok/s over the server's per-stream tok/s | "
                         f"{ours_streams:.3f} | {peer_streams:.3f}")
             assert _close(ours_streams, peer_streams, 0.5), (ours_streams, peer_streams)
-        assert abs(ours_len - peer["spec_decode_acceptance_length"]) <= 0.1, pairs
+        # one rejected draft in a request of ~23 moves a run's acceptance length by ~0.17; runs of the same prompts
+        # at temperature 0 differed by that (5.00 and 4.83), so that much is the two runs' spread, not disagreement
+        assert abs(ours_len - peer["spec_decode_acceptance_length"]) <= 0.25, pairs
         theirs_pos = peer.get("spec_decode_per_position_acceptance_rates")
         if theirs_pos is not None:
             assert all(abs(a - b) <= 0.1 for a, b in zip(mine.per_position, theirs_pos)), pairs

@@ -46,7 +46,7 @@ class Server:
         self.pidfile = workdir / "server.pid"
         self.log = workdir / "server.log"
         self.proc: subprocess.Popen | None = None
-        self.boots: list[dict] = []  # per start: the log's size before it, epoch start, seconds to healthy
+        self.boots: list[dict] = []  # per start: the log's size before it and its epoch start
         self._pump: threading.Thread | None = None
 
     def start(self) -> "Server":
@@ -56,7 +56,7 @@ class Server:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, cwd=self.workdir, start_new_session=True)
         self.pidfile.write_text(f"{self.proc.pid}\n")
-        self.boots.append({"offset": offset, "started": time.time(), "ready_s": None})
+        self.boots.append({"offset": offset, "started": time.time()})
         self._pump = threading.Thread(target=self._copy, args=(self.proc,), daemon=True, name=f"log-{self.name}")
         self._pump.start()
         return self
@@ -75,7 +75,6 @@ class Server:
                 raise RuntimeError(f"vLLM ({self.name}) exited {self.proc.returncode} while booting:\n{self.tail()}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.boots[-1]["ready_s"] = time.monotonic() - t0
                     return self
             except requests.RequestException:
                 pass
