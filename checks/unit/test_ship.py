@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir, snapshot_download
+from huggingface_hub import scan_cache_dir
 
 import hostfix
 import imagefix as fx
 import shipfix
 from clirun import sparkstack_cmd
-from killfix import run_killed_before
+from killfix import loader_view, run_killed_before
 from sparkstack import hfcache
 from sparkstack.hfcache import entry_for_copy
 from sparkstack.remote import Runner
@@ -253,18 +253,6 @@ def test_a_partial_with_a_corrupt_prefix_is_restarted_at_once_and_counted_not_se
     assert dest.read_bytes() == data and not partial.exists()
 
 
-def _host_view(hub: Path, repo_id: str) -> dict[str, bytes]:
-    """What a loader on the host reads: refs/main resolved offline by huggingface_hub, then every file's bytes."""
-    try:
-        snap = Path(snapshot_download(repo_id, cache_dir=hub, local_files_only=True))
-    except Exception as exc:  # noqa: BLE001 - whatever the hub library raises, the reader failed
-        failure = f"huggingface_hub cannot resolve refs/main: {type(exc).__name__}"
-    else:
-        failure = None
-    assert failure is None, failure
-    return {p.relative_to(snap).as_posix(): p.read_bytes() for p in sorted(snap.rglob("*")) if not p.is_dir()}
-
-
 @pytest.mark.parametrize("case", ["same-revision", "new-revision"])
 def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_snapshot(world, tmp_path, case):
     """finish rebuilds a host's snapshot and points refs/main at it. Killed before each of its changes in turn
@@ -289,7 +277,7 @@ def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_
     doc = {**entry.layout.to_json(), "blobs": [b.wire() for b in entry.blobs]}
 
     def view(at: Path) -> tuple[str, dict[str, bytes]]:
-        return (at / entry.layout.ref_file).read_text().strip(), _host_view(at, repo_id)
+        return loader_view(at, repo_id)
 
     def finish(copy: Path):
         def run():
