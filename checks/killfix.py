@@ -9,6 +9,7 @@ never returns into pytest: it ends by os._exit or by the signal.
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 MUTATORS = ("replace", "rename", "symlink", "link", "unlink", "rmdir", "mkdir")
 
@@ -48,3 +49,23 @@ def run_killed_before(step: int, fn: Callable[[], object]) -> int | None:
         return None
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the function failed in the child"
     return int(out)
+
+
+def loader_view(hub: Path, repo_id: str) -> tuple[str, dict[str, bytes]]:
+    """What a loader finds after a kill: the snapshot refs/main names, resolved offline by huggingface_hub, and
+    every file's bytes. A missing snapshot or a broken link fails the calling test, saying which."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        snap = Path(snapshot_download(repo_id, cache_dir=hub, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 - whatever the hub library raises, the reader failed
+        failure = f"huggingface_hub cannot resolve refs/main: {type(exc).__name__}"
+    else:
+        failure = None
+    assert failure is None, failure
+    files = {}
+    for p in sorted(snap.rglob("*")):
+        assert not p.is_symlink() or p.exists(), f"{p.name} is a broken link"
+        if not p.is_dir():
+            files[p.relative_to(snap).as_posix()] = p.read_bytes()
+    return snap.name, files

@@ -34,6 +34,12 @@ CASES = {
                                 "model_revision='main' is neither \"unpinned\" nor a commit hash"),
     "an abbreviated revision": (lambda t: t.replace('model_revision = "unpinned"', 'model_revision = "0123456789ab"'),
                                 "model_revision='0123456789ab' is neither"),
+    "a revision longer than a commit": (
+        lambda t: t.replace('model_revision = "unpinned"', f'model_revision = "{"0123456789" * 4}ab"'),
+        f"model_revision='{'0123456789' * 4}ab' is neither"),
+    "a commit with a newline after it": (
+        lambda t: t.replace('model_revision = "unpinned"', f'model_revision = "{"0123456789" * 4}\\n"'),
+        "model_revision='0123456789012345678901234567890123456789\\n' is neither"),
     "an uppercase revision": (lambda t: t.replace('revision = "unpinned"  #', f'revision = "{"AB" * 20}"  #'),
                               "[drafter]: revision='ABABAB"),
     "a revision with no repo": (lambda t: t.replace('repo = "incoai/GLM-5.3-Flash-DFlash2"\n', ""), "revision needs repo"),

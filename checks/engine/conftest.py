@@ -83,7 +83,7 @@ def engines(vllm_py, tiny_model, tmp_path_factory, request) -> Engines:
         request.addfinalizer(s.stop)  # registered before the start: stopped even when a boot fails
         s.start()
     for s in (servers.spec, servers.plain):
-        s.wait_healthy()
+        s.wait_healthy().warm()
     return servers
 
 

@@ -46,7 +46,7 @@ class Server:
         self.pidfile = workdir / "server.pid"
         self.log = workdir / "server.log"
         self.proc: subprocess.Popen | None = None
-        self.boots: list[dict] = []  # per start: the log's size before it, epoch start, seconds to healthy
+        self.boots: list[dict] = []  # per start: the log's size before it and its epoch start
         self._pump: threading.Thread | None = None
 
     def start(self) -> "Server":
@@ -56,7 +56,7 @@ class Server:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, cwd=self.workdir, start_new_session=True)
         self.pidfile.write_text(f"{self.proc.pid}\n")
-        self.boots.append({"offset": offset, "started": time.time(), "ready_s": None})
+        self.boots.append({"offset": offset, "started": time.time()})
         self._pump = threading.Thread(target=self._copy, args=(self.proc,), daemon=True, name=f"log-{self.name}")
         self._pump.start()
         return self
@@ -75,12 +75,21 @@ class Server:
                 raise RuntimeError(f"vLLM ({self.name}) exited {self.proc.returncode} while booting:\n{self.tail()}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.boots[-1]["ready_s"] = time.monotonic() - t0
                     return self
             except requests.RequestException:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"vLLM ({self.name}) not healthy within {bound_s:.0f} s:\n{self.tail()}")
+
+    def warm(self) -> "Server":
+        """One short request at temperature 0: the first request of a fresh engine pays one-off compiles (the ngram
+        proposer's numba kernel among them), which would otherwise land in the first measured figure."""
+        body = {"model": self.name, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 32,
+                "temperature": 0, "logprobs": True}  # bench and soak ask logprobs: their path is warmed too
+        resp = requests.post(self.url + "/v1/chat/completions", json=body, timeout=BOOT_BOUND_S)
+        if resp.status_code != 200:
+            raise RuntimeError(f"vLLM ({self.name}) answered the warm-up with HTTP {resp.status_code}: {resp.text}")
+        return self
 
     def tail(self, n: int = 40) -> str:
         lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []

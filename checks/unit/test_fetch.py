@@ -113,6 +113,24 @@ def test_resolve_refuses_a_symlinked_recipe_and_leaves_it_as_it_was(run_cli, wor
     assert link.is_symlink() and os.readlink(link) == str(target) and target.read_bytes() == before
 
 
+def test_a_pin_written_since_the_recipe_was_read_is_never_overwritten(tmp_path):
+    """Two resolves at once (or an editor): the file's pin changed between reading the recipe and writing it.
+    Writing would silently replace the other pin; it is refused, and the file keeps what the other one wrote."""
+    from sparkstack.errors import SparkstackError
+    from sparkstack.recipe import load_recipe, write_revisions
+
+    path = recipe_copy(tmp_path / "mine.toml")
+    recipe = load_recipe(str(path))  # read while unpinned
+    theirs, ours = "1" * 40, "2" * 40
+    path.write_text(path.read_text().replace('model_revision = "unpinned"', f'model_revision = "{theirs}"'))
+    before = path.read_bytes()
+    with pytest.raises(SparkstackError, match="model_revision changed since it was read; run again"):
+        write_revisions(recipe, ours, None)
+    assert path.read_bytes() == before
+    write_revisions(load_recipe(str(path)), None, ours)  # read afresh, the drafter's pin goes in beside theirs
+    assert load_recipe(str(path)).model_revision == theirs and load_recipe(str(path)).drafter_revision == ours
+
+
 def test_fetch_downloads_exactly_the_pinned_commit_after_main_moves(run_cli, world):
     pinned = world["pinned"][MODEL]
     repo = world["repos"][MODEL]
@@ -334,3 +352,23 @@ def test_hf_hub_cache_elsewhere_is_named_and_the_hub_launch_mounts_is_used(run_c
     assert proc.returncode == 0, proc.stderr
     assert f"HF_HUB_CACHE={elsewhere} is ignored: fetch writes to {world['hf'] / 'hub'}" in proc.stderr
     assert json.loads(proc.stdout)["hub"] == str(world["hf"] / "hub")
+
+
+def test_refs_main_moved_away_locally_is_put_back_without_a_download(run_cli, world):
+    """The entry holds every file of the pinned commit, but refs/main names another commit (a `hf download` of
+    another revision moved it): strip and ship follow refs/main, so fetch is not up to date until it names the pin."""
+    pinned = world["pinned"][MODEL]
+    assert fetch(run_cli, world).returncode == 0
+    ref = world["hf"] / "hub" / MODEL_ENTRY / "refs" / "main"
+    other = "0" * 40
+    ref.write_text(other)
+    plan = json.loads(fetch(run_cli, world, "--dry-run", "--json").stdout)
+    (model,) = [e for e in plan["entries"] if e["label"] == "model"]
+    assert model["up_to_date"] is False and model["ref_main"] == other and model["to_download"] == []
+    world["hub"].log.clear()
+    proc = fetch(run_cli, world, "--json")
+    assert proc.returncode == 0, proc.stderr
+    (result,) = [r for r in json.loads(proc.stdout)["results"] if r["label"] == "model"]
+    assert result["up_to_date"] is False and result["downloaded"] == 0
+    assert ref.read_text() == pinned
+    assert world["hub"].downloads() == []  # every blob was there: nothing crossed

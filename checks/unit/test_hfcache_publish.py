@@ -11,10 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from huggingface_hub import snapshot_download
-
 import synth
-from killfix import run_killed_before
+from killfix import loader_view, run_killed_before
 from sparkstack import fsio, hfcache
 
 REPO = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
@@ -50,24 +48,11 @@ def _publish_killed_before(step: int, stage: Path, entry: Path, revision: str, s
 
 
 def _reader_view(hub: Path) -> tuple[str, dict[str, bytes]]:
-    """What a loader gets: the revision refs/main names, resolved offline by huggingface_hub, and every file's bytes."""
-    entry = hub / ENTRY
-    revision = hfcache.read_ref(entry)
+    revision = hfcache.read_ref(hub / ENTRY)
     assert revision is not None, "refs/main is gone"
-    try:
-        snap = Path(snapshot_download(REPO, cache_dir=hub, local_files_only=True))
-    except Exception as exc:  # noqa: BLE001 - whatever the hub library raises, the reader failed
-        failure = f"refs/main names {revision[:8]}, but huggingface_hub cannot resolve it: {type(exc).__name__}"
-    else:
-        failure = None
-    assert failure is None, failure
-    assert snap.name == revision
-    files = {}
-    for p in sorted(snap.rglob("*")):
-        assert not p.is_symlink() or p.exists(), f"{p.name} is a broken link"
-        if not p.is_dir():
-            files[p.relative_to(snap).as_posix()] = p.read_bytes()
-    return revision, files
+    seen, files = loader_view(hub, REPO)
+    assert seen == revision
+    return seen, files
 
 
 def _record(entry: Path) -> str | None:

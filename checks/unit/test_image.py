@@ -272,3 +272,31 @@ def test_symlinked_blobs_and_multi_arch_index(world, run_cli, tmp_path):
     assert not out_blob.is_symlink() and out_blob.stat().st_ino == (store / out_blob.name).stat().st_ino
     amd_out = build(run_cli, dict(world, base=multi), tmp_path / "amd-out", "--platform", "linux/amd64")
     assert amd_out["base_config_digest"] != arm["base_config_digest"]
+
+
+def test_the_merged_view_of_the_base_is_what_umoci_unpacks(world, tmp_path):
+    """Whiteouts and opaque dirs, as sparkstack's merged view reads them, against umoci's unpack of the same base:
+    every directory of the base lists the same names, and a whited-out file is absent (the real tool decides)."""
+    import os
+
+    from sparkstack.oci.layers import LayerCache
+    from sparkstack.oci.rootfs import open_rootfs
+
+    umoci = need("umoci")
+    bundle = tmp_path / "bundle"
+    subprocess.run([umoci, "unpack", "--image", f"{world['base']}:base", str(bundle)], check=True, capture_output=True)
+    root = bundle / "rootfs"
+    src, _, fs = open_rootfs(world["base"], "linux/arm64", [], LayerCache(tmp_path / "layer-cache"))
+    try:
+        dirs = [d for d, _, _ in os.walk(root)]
+        assert len(dirs) > 5
+        for d in dirs:
+            rel = os.path.relpath(d, root)
+            rel = "" if rel == "." else rel
+            if os.path.islink(d):
+                continue
+            assert fs.list_dir(rel) == sorted(os.listdir(d)), rel
+        assert fs.lookup(f"{VLLM}/stale.py") is None and not (root / VLLM / "stale.py").exists()
+        assert fs.list_dir(f"{VLLM}/old_dir") == ["b.py"]
+    finally:
+        src.close()

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir, snapshot_download
+from huggingface_hub import scan_cache_dir
 
 import hostfix
 import imagefix as fx
 import shipfix
 from clirun import sparkstack_cmd
-from killfix import run_killed_before
+from killfix import loader_view, run_killed_before
 from sparkstack import hfcache
 from sparkstack.hfcache import entry_for_copy
 from sparkstack.remote import Runner
@@ -170,13 +170,14 @@ def test_corrupt_blobs_on_the_host_are_found_and_sent_again(world):
     _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
     victim = max(blobs, key=lambda b: b.size)
     path = host_blob(world, "w1", MODEL, victim.name)
+    st = path.stat()  # as the host's verified record saw it
     with open(path, "r+b") as f:  # a bit flipped in place; the mtime even put back: the ctime still tells
         f.seek(10)
         byte = f.read(1)
         f.seek(10)
         f.write(bytes([byte[0] ^ 1]))
-    st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     # The image: a store blob damaged, and docker no longer holding the image.
     layer = max(layout_sizes(img).items(), key=lambda kv: kv[1])[0]
     store_blob = world["tmp"] / "w1/.local/share/sparkstack/blobs/sha256" / layer.split(":")[1]
@@ -252,33 +253,31 @@ def test_a_partial_with_a_corrupt_prefix_is_restarted_at_once_and_counted_not_se
     assert dest.read_bytes() == data and not partial.exists()
 
 
-def _host_view(hub: Path, repo_id: str) -> dict[str, bytes]:
-    """What a loader on the host reads: refs/main resolved offline by huggingface_hub, then every file's bytes."""
-    try:
-        snap = Path(snapshot_download(repo_id, cache_dir=hub, local_files_only=True))
-    except Exception as exc:  # noqa: BLE001 - whatever the hub library raises, the reader failed
-        failure = f"huggingface_hub cannot resolve refs/main: {type(exc).__name__}"
-    else:
-        failure = None
-    assert failure is None, failure
-    return {p.relative_to(snap).as_posix(): p.read_bytes() for p in sorted(snap.rglob("*")) if not p.is_dir()}
-
-
-def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_snapshot(world, tmp_path):
-    """The host holds the revision already, with one stale link more than the head's snapshot: finish rebuilds
-    the snapshot while refs/main names that revision throughout. Killed before each of its changes in turn
-    (checks/killfix.py), the host's loader finds the old snapshot or the new one, whole, never none."""
+@pytest.mark.parametrize("case", ["same-revision", "new-revision"])
+def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_snapshot(world, tmp_path, case):
+    """finish rebuilds a host's snapshot and points refs/main at it. Killed before each of its changes in turn
+    (checks/killfix.py), the host's loader finds the old snapshot or the new one, whole, never none.
+    same-revision: the host holds the revision with one stale link more, and refs/main names it throughout.
+    new-revision: the host's refs/main names an older commit, whose snapshot must stay readable until the ref moves."""
     ship(world, "w1", "--no-image", "--model", MODEL, check=0)
     hub = world["tmp"] / "w1" / HUB
     (entry,) = local.entries_to_ship(world["head"] / HUB, (MODEL,))
     repo_id = hfcache.repo_id_from_folder(MODEL)
     snap = hub / entry.layout.snapshot_dir
-    rel, _blob, target = entry.layout.links[0]
-    os.symlink(target, snap / "stale.json")  # same dir depth as links[0]: a good link to a blob the host has
     new = {f: (world["head"] / HUB / entry.layout.snapshot_dir / f).read_bytes() for f, _, _ in entry.layout.links}
-    old = dict(new, **{"stale.json": new[rel]})
-    assert _host_view(hub, repo_id) == old
+    if case == "same-revision":
+        rel, _blob, target = entry.layout.links[0]
+        os.symlink(target, snap / "stale.json")  # same dir depth as links[0]: a good link to a blob the host has
+        allowed = {entry.layout.revision: [dict(new, **{"stale.json": new[rel]}), new]}
+    else:
+        older = "e" * 40
+        os.rename(snap, snap.with_name(older))
+        (hub / entry.layout.ref_file).write_text(older)
+        allowed = {older: [new], entry.layout.revision: [new]}
     doc = {**entry.layout.to_json(), "blobs": [b.wire() for b in entry.blobs]}
+
+    def view(at: Path) -> tuple[str, dict[str, bytes]]:
+        return loader_view(at, repo_id)
 
     def finish(copy: Path):
         def run():
@@ -286,20 +285,37 @@ def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_
             return helper.finish_entry(str(copy / "hub"), doc)
         return run
 
+    assert view(hub)[1] in allowed[view(hub)[0]]
     full = tmp_path / "full"
     shutil.copytree(hub, full / "hub", symlinks=True)
     steps = run_killed_before(-1, finish(full))
     assert steps is not None and steps >= 3
-    assert _host_view(full / "hub", repo_id) == new  # run through, the stale link is gone
+    assert view(full / "hub") == (entry.layout.revision, new)  # run through: the head's snapshot, at main
     for step in range(steps):
         copy = tmp_path / f"killed-{step}"
         shutil.copytree(hub, copy / "hub", symlinks=True)
         assert run_killed_before(step, finish(copy)) is None
         try:
-            seen = _host_view(copy / "hub", repo_id)
+            ref, seen = view(copy / "hub")
         except AssertionError as exc:
             raise AssertionError(f"killed before step {step}: {exc}") from None
-        assert seen in (old, new), f"killed before step {step}: {sorted(seen)}"
+        assert seen in allowed.get(ref, []), f"killed before step {step}: refs/main {ref[:8]}, files {sorted(seen)}"
+
+
+def test_a_partial_longer_than_its_blob_is_started_over_never_kept(world):
+    """A partial holding the whole blob and more (a blob that shrank upstream, a stray write): its first `size`
+    bytes hash right, but the file is not the blob. It is sent from byte 0, and the host ends with exactly the blob."""
+    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+    victim = max(blobs, key=lambda b: b.size)
+    data = victim.path.read_bytes()
+    dest = host_blob(world, "w1", MODEL, victim.name)
+    dest.parent.mkdir(parents=True)
+    partial = dest.with_name(f".{victim.name}.sparkstack-partial")
+    partial.write_bytes(data + b"left over")
+    out = result(ship(world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
+    (part,) = out["weights"]
+    assert part["bytes_resumed"] == 0 and part["bytes_sent"] == sum(b.size for b in blobs)
+    assert dest.read_bytes() == data and not partial.exists()
 
 
 def test_hosts_ship_at_once_and_one_failing_host_leaves_the_others_done(world):

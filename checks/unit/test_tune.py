@@ -234,6 +234,17 @@ def test_clock_cap_comes_from_the_recipe_and_a_clock_above_it_is_capped_again(wo
     assert "clock-cap" in [s["step"] for s in doc["ranks"][0]["steps"]]  # 2500 MHz > 2200: not in force
 
 
+def test_a_cap_recorded_before_a_reboot_is_set_again(world):
+    """`nvidia-smi -lgc` does not survive a reboot: a stamp naming another boot id says nothing about now."""
+    root = hostfix.write_host(world["tmp"] / "rebooted", tuned=True)
+    assert json.loads(tune(world, "0", "--dry-run", "--json", root=root).stdout)["up_to_date"]  # this boot: tuned
+    (root / "proc/sys/kernel/random/boot_id").write_text("0b7e2d4c-1111-4222-8333-944455556666\n")
+    doc = json.loads(tune(world, "0", "--dry-run", "--json", root=root).stdout)
+    (step,) = doc["ranks"][0]["steps"]
+    assert step["step"] == "clock-cap" and step["now"] == "no cap set by sparkstack tune since boot"
+    assert doc["ranks"][0]["facts"]["clock_cap_this_boot"] is None
+
+
 def test_missing_nvidia_smi_is_reported_not_crashed_on(world):
     proc = tune(world, "1", env={"STANDIN_REMOTE_GPU": "absent"})
     assert proc.returncode == 0, proc.stderr
@@ -255,10 +266,11 @@ def test_a_rank_whose_gpus_were_left_alone_is_never_up_to_date(world):
     assert [r["up_to_date"] for r in doc["ranks"]] == [True, False] and not doc["up_to_date"]
 
 
-@pytest.mark.parametrize("cached_kib,drops", [(3 * 2**20, True), (2**20, False)])
-def test_page_cache_is_dropped_only_when_there_is_some(world, cached_kib, drops):
-    """Droppable = Buffers + Cached - Shmem; tune drops at 2 GiB or more."""
-    (world["root"] / "proc/meminfo").write_text(hostfix.meminfo(Buffers=0, Cached=cached_kib, Shmem=0))
+@pytest.mark.parametrize("cached_kib,shmem_kib,drops", [(3 * 2**20, 0, True), (2**20, 0, False),
+                                                     (3 * 2**20, 3 * 2**19, False)])  # 1.5 GiB of it is tmpfs
+def test_page_cache_is_dropped_only_when_there_is_some(world, cached_kib, shmem_kib, drops):
+    """Droppable = Buffers + Cached - Shmem (tmpfs pages stay through a drop); tune drops at 2 GiB or more."""
+    (world["root"] / "proc/meminfo").write_text(hostfix.meminfo(Buffers=0, Cached=cached_kib, Shmem=shmem_kib))
     assert tune(world, "0").returncode == 0
     assert (["sysctl", "-w", "vm.drop_caches=3"] in head_calls(world)) == drops
 
