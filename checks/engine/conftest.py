@@ -6,8 +6,9 @@ Two servers for the whole session, booted side by side (each ~100 s of one core)
   restarted mid-soak.
 
 vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
-fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every test here that uses the servers is in one
-xdist group ("vllm"), so with `--dist loadgroup` one worker runs them and boots the servers once.
+fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every module here that uses the servers marks
+itself `xdist_group("vllm")` (a module mark: a marker added in a collection hook came too late for xdist, and
+both workers booted both servers), so with `--dist loadgroup` one worker runs them and boots the servers once.
 """
 
 import os
@@ -31,13 +32,6 @@ SPEC_ARGS = ["--speculative-config", NGRAM, "--reasoning-parser", "glm45", "--to
 def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs a group's tests on one worker "
                                        "(with --dist loadgroup)")
-
-
-def pytest_collection_modifyitems(config, items):
-    # Only the tests that use the servers: the source, argv and drift tests need no server and run anywhere.
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(HERE) and "engines" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("vllm"))
 
 
 def vllm_python() -> str:

@@ -11,6 +11,10 @@ import requests
 
 from sparkstack.bench import suite as suite_mod
 from sparkstack.endpoint import metrics, stats
+import pytest
+
+# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("vllm")
 
 HERE = Path(__file__).parent
 MAX_TOKENS = 128

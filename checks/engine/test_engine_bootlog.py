@@ -10,6 +10,10 @@ import re
 
 
 from sparkstack.launch import timeline
+import pytest
+
+# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("vllm")
 
 
 def _parse(server):

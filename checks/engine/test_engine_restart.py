@@ -8,6 +8,10 @@ import subprocess
 import time
 
 from clirun import sparkstack_cmd
+import pytest
+
+# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("vllm")
 
 BOUND_S = 900.0  # bounds on phases of the test, never measured figures
 

@@ -8,6 +8,10 @@ import requests
 from build_model import CYCLE, REASONING
 
 from sparkstack.endpoint import metrics
+import pytest
+
+# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("vllm")
 
 HIGH_PROMPT = "Write a short paragraph."
 # Every 4-gram of the digit cycle, each followed by a space: ngram drafting (longest match, earliest place) drafts
