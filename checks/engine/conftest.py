@@ -6,9 +6,9 @@ Two servers for the whole session, booted side by side (each ~100 s of one core)
   restarted mid-soak.
 
 vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
-fails where SPARKSTACK_REQUIRE_LAB is set (CI). Under pytest-xdist every module here that uses the servers marks
-itself `xdist_group("vllm")` (a module mark: a marker added in a collection hook came too late for xdist, and
-both workers booted both servers), so with `--dist loadgroup` one worker runs them and boots the servers once.
+fails where SPARKSTACK_REQUIRE_LAB is set (CI). Every module here that uses the servers marks itself
+`xdist_group("vllm")`, meant to keep them on one worker under `--dist loadgroup`. KNOWN DEFECT: in CI both workers
+still boot both servers (seen on 2026-12-02, cause not found); the tests pass, at about 100 s of a core per boot.
 """
 
 import os
