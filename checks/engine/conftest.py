@@ -7,8 +7,9 @@ Two servers for the whole session, booted side by side (each ~100 s of one core)
 
 vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
 fails where SPARKSTACK_REQUIRE_LAB is set (CI). Every module here that uses the servers marks itself
-`xdist_group("vllm")`, meant to keep them on one worker under `--dist loadgroup`. KNOWN DEFECT: in CI both workers
-still boot both servers (seen on 2026-12-02, cause not found); the tests pass, at about 100 s of a core per boot.
+`xdist_group("vllm")`, which keeps them on one worker under `--dist loadgroup`. Should the group ever be split
+again (pytest 9.2 dropped it silently: see the pin in python/pyproject.toml), the second worker to reach for the
+servers fails at once, naming the first, instead of booting two more servers on a 2-core box.
 """
 
 import os
@@ -68,8 +69,28 @@ class Engines:
     plain: Server
 
 
+def _claim_servers(tmp_path_factory) -> None:
+    """Under xdist, the first worker to boot the servers writes its name where every worker of the run can see it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    claim = tmp_path_factory.getbasetemp().parent / "vllm-servers-worker"
+    try:
+        fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        owner = claim.read_text().strip()
+        if owner != worker:
+            pytest.fail(f"the xdist group 'vllm' was split: {owner} already boots the servers, and {worker} was "
+                        "given a test that needs them (run with --dist loadgroup, and a pytest that xdist's "
+                        "loadgroup still works with)")
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(worker)
+
+
 @pytest.fixture(scope="session")
 def engines(vllm_py, tiny_model, tmp_path_factory, request) -> Engines:
+    _claim_servers(tmp_path_factory)
     servers = Engines(Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-spec"), SPEC_ARGS),
                       Server(vllm_py, tiny_model, MODEL_NAME, tmp_path_factory.mktemp("vllm-plain"),
                              ["--stream-interval", "8"]))

@@ -1,7 +1,8 @@
 """Real daemons for the tests, each tracked by its pidfile and stopped by PID.
 
 dockerd is started with the flags LAB.md lists (no bridge, no iptables), its own
-data root, exec root and socket, so it never touches a system daemon.
+data root, exec root and socket, on a containerd of its own that is started and waited for
+first, so it never touches a system daemon.
 """
 
 from __future__ import annotations
@@ -75,24 +76,46 @@ class Dockerd:
         self.socket = state / "docker.sock"
         self.pidfile = state / "docker.pid"
         self.log = state / "dockerd.log"
+        self.containerd_socket = state / "containerd.sock"
+        self.containerd_config = state / "containerd.toml"
+        self.containerd_log = state / "containerd.log"
+        self.containerd_pidfile = state / "containerd.pid"
         self.prefix = prefix or []
         self.proc: subprocess.Popen | None = None
+        self.containerd_proc: subprocess.Popen | None = None
 
     @property
     def host(self) -> str:
         return f"unix://{self.socket}"
 
-    def start(self, timeout: float = 60) -> Dockerd:
-        dockerd = shutil.which("dockerd")
-        if dockerd is None:
-            raise DaemonError("dockerd is not installed")
-        (self.state / "data").mkdir(parents=True, exist_ok=True)
-        (self.state / "exec").mkdir(exist_ok=True)
+    def start(self, timeout: float = 120) -> Dockerd:
+        """containerd first, waited for here, then dockerd on it. A dockerd that starts its own containerd gives it a
+        fixed few seconds and dies with "timeout waiting for containerd to start" on a loaded box (CI, 2026-12-02);
+        `timeout` is only a bound on waiting."""
+        dockerd, containerd = shutil.which("dockerd"), shutil.which("containerd")
+        if dockerd is None or containerd is None:
+            raise DaemonError("dockerd and containerd must be installed")
+        for d in ("data", "exec", "containerd-root", "containerd-state"):
+            (self.state / d).mkdir(parents=True, exist_ok=True)
+        # no system config (/etc/containerd), no CRI plugin: what dockerd gives the containerd it manages
+        self.containerd_config.write_text('version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
+        with open(self.containerd_log, "wb") as log:
+            self.containerd_proc = subprocess.Popen(
+                self.prefix + [containerd, "--config", str(self.containerd_config), "--address",
+                               str(self.containerd_socket), "--root", str(self.state / "containerd-root"),
+                               "--state", str(self.state / "containerd-state")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(self.containerd_socket.exists, timeout, "containerd", self.containerd_proc, self.containerd_log)
+        self.containerd_pidfile.write_text(f"{self.containerd_proc.pid}\n")  # what the lab's leftover checks read
         argv = [dockerd, "--storage-driver=overlay2", "--iptables=false", "--ip6tables=false", "--bridge=none",
                 "--ip-forward=false", "--ip-masq=false", "--data-root", str(self.state / "data"),
-                "--exec-root", str(self.state / "exec"), "-H", self.host, "--pidfile", str(self.pidfile)]
+                "--exec-root", str(self.state / "exec"), "-H", self.host, "--pidfile", str(self.pidfile),
+                "--containerd", str(self.containerd_socket)]
+        # dockerd joins containerd's namespaces: a prefix that makes a private mount namespace would make a second
+        # one, where dockerd's overlay mounts are not runc's ("can't get final child's PID from pipe")
+        joined = ["nsenter", "-t", str(self.containerd_proc.pid), "-m", "-n"] if self.prefix else []
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(self.prefix + argv, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(joined + argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         wait_for(self._answers, timeout, "dockerd", self.proc, self.log)
         return self
@@ -118,6 +141,12 @@ class Dockerd:
             # Our child's number only while it is unreaped: once waited for, it may be another process's.
             return self.proc.pid if self.proc and self.proc.poll() is None else None
 
+    def containerd_pid(self) -> int | None:
+        try:
+            return int(self.containerd_pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return self.containerd_proc.pid if self.containerd_proc and self.containerd_proc.poll() is None else None
+
     def stop(self) -> None:
         pid = self.pid()
         if pid:
@@ -125,6 +154,13 @@ class Dockerd:
         if self.proc is not None and self.proc.poll() is None:
             stop_pid(self.proc.pid)
             self.proc.wait(timeout=30)
+        pid = self.containerd_pid()  # after dockerd, which still talks to it while it stops
+        if pid:
+            stop_pid(pid)
+        if self.containerd_proc is not None and self.containerd_proc.poll() is None:
+            stop_pid(self.containerd_proc.pid)
+            self.containerd_proc.wait(timeout=30)
+        self.containerd_pidfile.unlink(missing_ok=True)  # a second stop must signal no one
         # overlay2 leaves mounts under the data root when a container was killed hard.
         subprocess.run(["sh", "-c", f"grep -o ' {self.state}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l"],
                        capture_output=True)

@@ -265,6 +265,7 @@ class Lab:
     def pids(self) -> list[int]:
         found = [h.sshd_pid() for h in self.hosts.values()]
         found += [h.dockerd.pid() for h in self.hosts.values() if h.dockerd]
+        found += [h.dockerd.containerd_pid() for h in self.hosts.values() if h.dockerd]
         return [p for p in found if p]
 
     def _stop_host(self, host: Host) -> None:
