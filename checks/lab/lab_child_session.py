@@ -10,5 +10,9 @@ import pytest
 def test_child_session(lab):
     (lab.root / "ready").write_text("up")
     if os.environ.get("SPARKSTACK_LAB_CHILD") == "fail":
+        # the parent reads the lab's pids first: failing at once raced its read against our own teardown
+        deadline = time.monotonic() + 120
+        while not (lab.root / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         pytest.fail("deliberate failure, to check teardown")
     time.sleep(120)

@@ -196,6 +196,8 @@ def test_lab_leaves_nothing_behind(tmp_path):
         assert len(pids) >= 3 and lab_leftovers(tag, pids), "the child's lab should be up"
         if mode == "interrupt":
             child.send_signal(signal.SIGINT)
+        else:
+            (root / "go").write_text("fail now")
         out, _ = child.communicate(timeout=120)
         assert child.returncode != 0, out
         assert lab_leftovers(tag, pids) == [], out

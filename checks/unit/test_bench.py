@@ -6,6 +6,7 @@ consistency checks only. Faults appear only where the stand-in is told to cause 
 """
 
 import json
+import re
 
 import matplotlib.image
 import pytest
@@ -49,8 +50,10 @@ def test_the_pattern_gives_its_acceptance_length_and_rates_exactly(run_cli):
                                                                          (3, "count")]
     rounds = 1
     assert sent == rounds * (1 + 3) * 2
-    # exactly the contract of issue 13, which other tools read
-    assert list(doc) == ["suite_version", "settings", "cells"]
+    # exactly the contract of issue 13, which other tools read; "salt" since: the run's salt, so that the exact
+    # prompts can be sent again (the real-engine tier sends them through `vllm bench serve`)
+    assert list(doc) == ["suite_version", "settings", "salt", "cells"]
+    assert re.fullmatch(r"[0-9a-f]{8}", doc["salt"])
     assert list(doc["settings"]) == ["url", "model", "concurrency", "rounds", "max_tokens", "temperature", "top_p",
                                      "categories"]
     for cell in doc["cells"]:
@@ -94,6 +97,8 @@ def test_every_request_is_salted_and_carries_the_sampling_settings():
     assert len(set(firsts)) == len(firsts)  # no two requests share a prefix the cache could serve
     assert all(b["temperature"] == 0.7 and b["top_p"] == 0.9 and b["model"] == "m" for b in bodies)
     assert all(b["stream_options"] == {"include_usage": True} for b in bodies)
+    # the run's salt opens every prompt, and the plan says it
+    assert plan.to_json()["salt"] == plan.salt and all(f.startswith(f"[{plan.salt}-") for f in firsts)
 
 
 def test_the_figures_follow_their_definitions():

@@ -64,15 +64,18 @@ class BenchPlan:
         """Requests the blocks send when none is rerun (a noisy block runs once more)."""
         return sum(b.requests for b in self.blocks)
 
+    def request_salt(self, block: Block, attempt: int, round_no: int, stream: int) -> str:
+        return f"{self.salt}-{block.concurrency}-{block.category}-{attempt}-{round_no}-{stream}"
+
     def body(self, block: Block, attempt: int, round_no: int, stream: int) -> dict:
         s = self.settings
-        salt = f"{self.salt}-{block.concurrency}-{block.category}-{attempt}-{round_no}-{stream}"
+        salt = self.request_salt(block, attempt, round_no, stream)
         body = self.suite.body(block.category, round_no * block.concurrency + stream, salt, model=s.model or "",
                                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p)
         return body | {"logprobs": True}  # each sampled token's logprob: the sampling-integrity count
 
     def to_json(self) -> dict:
-        return {"suite_version": self.suite.version, "settings": self.settings.to_json(),
+        return {"suite_version": self.suite.version, "settings": self.settings.to_json(), "salt": self.salt,
                 "blocks": [{"concurrency": b.concurrency, "category": b.category, "rounds": b.rounds,
                             "requests": b.requests} for b in self.blocks],
                 "requests": self.requests}

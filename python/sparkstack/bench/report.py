@@ -231,9 +231,10 @@ class Report:
     cells: tuple[Cell, ...]
     warnings: tuple[str, ...] = ()
     stopped: str | None = None  # why the bench stopped before its last block; the finished cells stand
+    salt: str | None = None  # the run's part of every prompt's salt: the exact prompts can be sent again
 
     def to_json(self) -> dict:
-        return {"suite_version": self.suite_version, "settings": self.settings.to_json(),
+        return {"suite_version": self.suite_version, "settings": self.settings.to_json(), "salt": self.salt,
                 "cells": [_finite(c.to_json()) for c in self.cells]}
 
     @property

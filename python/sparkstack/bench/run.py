@@ -67,10 +67,10 @@ def run_bench(plan: BenchPlan, endpoint: Endpoint, *, force: bool = False,
         except SparkstackError as exc:  # e.g. the server died: the finished cells are still measurements
             if not cells:
                 raise
-            return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings), str(exc))
+            return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings), str(exc), plan.salt)
         flags = ([SERVER_BUSY] if busy else []) + ([NOISY] if rerun and noisy(batches) else [])
         cells.append(make_cell(block, batches, flags, rerun, plan.settings.temperature))
-    return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings))
+    return Report(plan.suite.version, plan.settings, tuple(cells), tuple(warnings), salt=plan.salt)
 
 
 class _Progress:
