@@ -13,7 +13,7 @@ from sparkstack.bench import suite as suite_mod
 from sparkstack.endpoint import metrics, stats
 import pytest
 
-# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+# The servers are booted once per worker: every test that uses them runs on one (docs/testing.md, the real-engine tier: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("vllm")
 
 HERE = Path(__file__).parent
