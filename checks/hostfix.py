@@ -47,7 +47,7 @@ def write_host(root: Path, tuned: bool = True) -> Path:
     (root / "proc/sys/kernel/random").mkdir(parents=True)
     (root / "proc/sys/kernel/random/boot_id").write_text(BOOT_ID + "\n")
     (root / "etc/sysctl.d").mkdir(parents=True)
-    if tuned:  # swappiness persisted by the admin's own file; the clock cap recorded as tune records it (README)
+    if tuned:  # swappiness persisted by the admin's own file; the clock cap recorded as tune records it (docs/commands/tune.md)
         (root / "etc/sysctl.d/60-swappiness.conf").write_text("vm.swappiness=0\n")
         (root / "run/sparkstack").mkdir(parents=True)
         (root / "run/sparkstack/clock-cap").write_text(f"# cap\nclock_cap=0,2000\nboot_id={BOOT_ID}\n")

@@ -1,5 +1,5 @@
 # The checkout's files the flake's derivations read, as two filtered store paths (builtins only), so
-# that editing the README or a Nix file rebuilds nothing:
+# that editing the README, docs/ or a Nix file rebuilds nothing:
 #   package:  python/, overlays/, recipes/  (python/sparkstack/data/* are symlinks into the last two)
 #   checkout: the same plus checks/ and nix/pins.json, for the test suites (checks.unit)
 let

@@ -14,7 +14,7 @@ from sparkstack.bench import plan as bench_plan
 from sparkstack.endpoint import metrics
 import pytest
 
-# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+# The servers are booted once per worker: every test that uses them runs on one (docs/testing.md, the real-engine tier: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("vllm")
 
 HERE = Path(__file__).parent

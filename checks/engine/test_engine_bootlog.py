@@ -12,7 +12,7 @@ import re
 from sparkstack.launch import timeline
 import pytest
 
-# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+# The servers are booted once per worker: every test that uses them runs on one (docs/testing.md, the real-engine tier: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("vllm")
 
 

@@ -10,7 +10,7 @@ import time
 from clirun import sparkstack_cmd
 import pytest
 
-# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+# The servers are booted once per worker: every test that uses them runs on one (docs/testing.md, the real-engine tier: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("vllm")
 
 BOUND_S = 900.0  # bounds on phases of the test, never measured figures

@@ -10,7 +10,7 @@ from build_model import CYCLE, REASONING
 from sparkstack.endpoint import metrics
 import pytest
 
-# The servers are booted once per worker: every test that uses them runs on one (README: --dist loadgroup).
+# The servers are booted once per worker: every test that uses them runs on one (docs/testing.md, the real-engine tier: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("vllm")
 
 HIGH_PROMPT = "Write a short paragraph."

@@ -1,5 +1,6 @@
-"""The README's runbook, walked end to end on the two-host lab: fetch, strip, pin, build, ship, tune, launch all,
-verify, bench, each the way a user runs it (from one directory, on the head, as a user whose HOME is its own).
+"""The README's runbook (its lab transcript: docs/runbook-lab.md), walked end to end on the two-host lab: fetch,
+strip, pin, build, ship, tune, launch all, verify, bench, each the way a user runs it (from one directory, on the
+head, as a user whose HOME is its own).
 
 - fetch: the hub stand-in (checks/hub_standin.py) through HF_ENDPOINT, a synthetic checkpoint with an MTP layer;
 - pin base: the registry stand-in (checks/registry_standin.py) through SPARKSTACK_REGISTRY_MIRROR, serving the
@@ -13,7 +14,8 @@ verify, bench, each the way a user runs it (from one directory, on the head, as 
 Each step checks its own essentials on the thing itself (the recipe file, the caches, the worker's docker and hub,
 the host roots, the stand-ins' records, the engine's counters), with figures derived from what the stand-ins were
 given. With SPARKSTACK_RUNBOOK_TRANSCRIPT=FILE, every step's command line and output go to FILE, from which the
-README's runbook is made (the head user's HOME shown as ~, the test's directory as the current one).
+runbook's lab transcript in docs/runbook-lab.md is made (the head user's HOME shown as ~, the test's directory as
+the current one).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 - flake.nix's overlay input is the repo and full rev overlays/dflash2/overlay.toml pins;
 - flake.lock holds nixpkgs' real entry (NIX.md) and no overlay entry (its narHash cannot be known here);
 - nix/fixture-pins.json is what the fixture generator gives now;
-- every .nix file parses; the stub and the README say the stub proves the wiring, not nixpkgs' build;
+- every .nix file parses; the stub and docs/nix.md (the flake's page, moved out of the README) say the stub
+  proves the wiring, not nixpkgs' build;
 - `pin fetch --no-digest-check` (what the flake's fixed-output derivations run) leaves the sha256 to its
   caller but still checks sizes, while the default refuses a corrupt blob.
 """
@@ -141,7 +142,7 @@ def test_the_stub_and_readme_say_it_proves_wiring_not_nixpkgs_build():
     lines = (ROOT / "nix/stub/flake.nix").read_text().splitlines()
     first = " ".join(l for l in lines[:next(i for i, l in enumerate(lines) if not l.startswith("#"))]).lower()
     assert "stand-in" in first and "wiring" in first and "not prove" in first and "nixpkgs' own build" in first
-    readme = (ROOT / "README.md").read_text().lower()
+    readme = (ROOT / "docs/nix.md").read_text().lower()  # the README's Nix section lives there now
     assert "proves the wiring, not nixpkgs' own build" in readme
 
 

@@ -248,7 +248,7 @@ def test_the_dry_run_prints_the_plan_and_sends_nothing(run_cli):
 
 
 def test_the_standin_reads_its_modes_from_the_environment():
-    """The stand-in as a process (README's bench sample) takes its Behaviour from STANDIN_* variables."""
+    """The stand-in as a process (the bench sample in docs/commands/bench.md) takes its Behaviour from STANDIN_* variables."""
     from inprocess_engine import Behaviour
 
     b = Behaviour.from_env({"STANDIN_ACCEPT_PATTERN": "4,4,3", "STANDIN_CYCLES": "2", "STANDIN_STEP_DELAY": "0.02",

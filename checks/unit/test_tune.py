@@ -17,7 +17,7 @@ import pytest
 import standins
 from clirun import sparkstack_cmd
 
-TUNE_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"  # where the README says tune persists swappiness
+TUNE_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"  # where docs/commands/tune.md says tune persists swappiness
 RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
 
 

@@ -11,7 +11,7 @@
 #   - host programs from Debian packages (linked into the store by path, never copied);
 #   - one host venv, /opt/sparkstack-nix-stub-venv, built by nix/stub/make-venv from the
 #     checkout's pyproject.toml (dependencies and test extra only, never sparkstack itself).
-# See default.nix for the details and ../../README.md ("Nix") for what this does and does not verify.
+# See default.nix for the details and ../../docs/nix.md for what this does and does not verify.
 {
   description = "sparkstack's offline stand-in for nixpkgs: same names and signatures, host tools underneath";
 
