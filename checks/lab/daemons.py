@@ -31,7 +31,11 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
     raise DaemonError(f"{what} did not come up within {timeout:.0f} s\n{tail}")
 
 
-def stop_pid(pid: int, timeout: float = 15) -> None:
+def stop_pid(pid: int, timeout: float = 15, expect: bytes | None = None) -> None:
+    """SIGTERM, then SIGKILL after `timeout`. With `expect`, only a process whose command line holds it: a pid read
+    from a pidfile may by now be another process's (pid_max is 32768 here, and the suite starts thousands)."""
+    if expect is not None and not cmdline_holds(pid, expect):
+        return
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -46,6 +50,13 @@ def stop_pid(pid: int, timeout: float = 15) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def cmdline_holds(pid: int, needle: bytes) -> bool:
+    try:
+        return needle in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _reap(pid: int) -> None:
@@ -150,13 +161,13 @@ class Dockerd:
     def stop(self) -> None:
         pid = self.pid()
         if pid:
-            stop_pid(pid)
+            stop_pid(pid, expect=b"dockerd")
         if self.proc is not None and self.proc.poll() is None:
             stop_pid(self.proc.pid)
             self.proc.wait(timeout=30)
         pid = self.containerd_pid()  # after dockerd, which still talks to it while it stops
         if pid:
-            stop_pid(pid)
+            stop_pid(pid, expect=b"containerd")
         if self.containerd_proc is not None and self.containerd_proc.poll() is None:
             stop_pid(self.containerd_proc.pid)
             self.containerd_proc.wait(timeout=30)

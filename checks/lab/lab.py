@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemons import DaemonError, Dockerd, pid_alive, stop_pid, wait_for
+from daemons import DaemonError, Dockerd, cmdline_holds, pid_alive, stop_pid, wait_for
 
 FABRIC_IF = "enp1s0f1np1"
 MGMT_IF = "mgmt0"
@@ -272,15 +272,17 @@ class Lab:
         """dockerd, then sshd, then anything still living in the worker's mount namespace (its sessions)."""
         mntns = None
         pid = host.sshd_pid()
-        if pid:
+        if pid and cmdline_holds(pid, b"sshd"):  # a stale pidfile's number may be another process's by now
             try:
                 mntns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
             except OSError:
                 pass
+        if mntns == os.stat("/proc/self/ns/mnt").st_ino:
+            mntns = None  # never sweep the namespace the suite itself runs in
         if host.dockerd is not None:
             host.dockerd.stop()
         if pid:
-            stop_pid(pid)
+            stop_pid(pid, expect=b"sshd")
         if mntns is not None:
             for left in pids_in_mount_ns(mntns):
                 stop_pid(left, timeout=5)

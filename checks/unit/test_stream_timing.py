@@ -53,7 +53,10 @@ def test_corrupt_samples_are_a_fault_flag_never_a_result(run_cli):
 def test_honest_samples_raise_no_flag(run_cli):
     with serving(logprob=-12.0) as engine:
         proc, cell = _bench(run_cli, engine.url)
-    assert proc.returncode == 0 and cell["implausible_tokens"] == 0 and cell["sampled_tokens"] > 0
+    assert cell["implausible_tokens"] == 0 and cell["sampled_tokens"] > 0
+    # a loaded machine may spread the two rounds past bench's noise bound (seen in CI: 11%); nothing else may be
+    # flagged, and the exit follows the flags
+    assert set(cell["flags"]) <= {"noisy"} and proc.returncode == (1 if cell["flags"] else 0), proc.stderr
 
 
 def test_the_threshold_is_the_union_bound():
