@@ -81,6 +81,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.top.watch"
     "sparkstack.tune.apply"
     "sparkstack.tune.plan"
+    "sparkstack.units"
     "sparkstack.verify"
   ];
 

@@ -76,3 +76,28 @@ def test_only_hfcache_knows_the_cache_layout():
             if isinstance(node, ast.Constant) and node.value in ("refs", "refs/main", "snapshots"):
                 offenders.append(f"{name}:{node.lineno} {node.value!r}")
     assert offenders == []
+
+
+# Path spellings of the hub cache layout: an entry's name, a snapshot under it, its ref file. Prose may name
+# refs/main ("refs/main -> ..."); a path joins it with a slash.
+LAYOUT_SPELLINGS = ("models--", "/snapshots/", "/refs/main")
+
+
+def test_only_hfcache_spells_cache_paths_in_fstrings():
+    """An f-string (or a string glued to one) that builds a hub path outside hfcache: models--ORG--NAME,
+    .../snapshots/<rev> or .../refs/main. Those go through hfcache (entry_name, snapshot_text, ref_file)."""
+    offenders = []
+    for name, path in MODULES.items():
+        if name.startswith("sparkstack.hfcache"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            parts = []
+            if isinstance(node, ast.JoinedStr):
+                parts = [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                parts = [s.value for s in (node.left, node.right) if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+            for text in parts:
+                for spelled in LAYOUT_SPELLINGS:
+                    if spelled in text:
+                        offenders.append(f"{name}:{node.lineno} {text!r}")
+    assert offenders == []

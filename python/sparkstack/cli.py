@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.units import human_bytes
 
 
 def _fail(message: str) -> None:
@@ -79,15 +80,6 @@ class OptionalValueCommand(click.Command):
 
 def _print_json(doc: object) -> None:
     click.echo(json.dumps(doc, indent=2))
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

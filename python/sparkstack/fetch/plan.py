@@ -16,7 +16,7 @@ from sparkstack.fetch import hub
 from sparkstack.hfcache import (
     ListedFile,
     entry_name,
-    hub_of,
+    hub_path,
     read_listing,
     read_ref,
     refuse_unlisted,
@@ -120,7 +120,7 @@ def head_hub(recipe: Recipe, environ: Mapping[str, str]) -> Path:
     """The hub launch mounts on the head: $HF_HOME/hub, HF_HOME by launch's precedence (environment > recipe)."""
     from sparkstack.launch.plan import resolve_knobs
 
-    return Path(hub_of(os.path.expanduser(resolve_knobs(recipe, environ)["HF_HOME"])))
+    return Path(hub_path(resolve_knobs(recipe, environ)["HF_HOME"]))
 
 
 def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from sparkstack.launch.timeline import (
 )
 from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
+from sparkstack.tune.pagecache import drop_page_cache
 
 
 @dataclass(frozen=True)
@@ -99,19 +99,6 @@ def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
     if proc.returncode != 0:
         raise LaunchFailed(f"rank {rank.rank} did not start on {runner.label}: {failure_line(proc)}", {})
     return argv
-
-
-DROP_CACHES = (("sync",), ("sysctl", "-w", "vm.drop_caches=3"))
-
-
-def drop_page_cache(runner: Runner) -> tuple[list[str], subprocess.CompletedProcess] | None:
-    """sync, then drop the page cache on one machine (as root: `sudo -n` where the runner says so).
-    None when done; else the command that failed and how."""
-    for argv in DROP_CACHES:
-        proc = runner.run_as_root(list(argv), timeout=300)
-        if proc.returncode != 0:
-            return list(argv), proc
-    return None
 
 
 def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],

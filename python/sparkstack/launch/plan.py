@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import entry_holds, read_ref
+from sparkstack.hfcache import entry_holds, entry_name, hub_path, read_ref, ref_file, snapshot_text
 from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, show, show_path
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
@@ -88,7 +87,7 @@ def resolve_knobs(recipe: Recipe, environ: Mapping[str, str], image: ImageFlag |
     values["IMAGE"], where["IMAGE"] = recipe.docker_image, f"{src}: docker_image="
     if not recipe.knobs:  # plain shape: the recipe's own values stand in for the defaults
         values["SERVED_NAME"] = recipe.model
-        values["MODEL_CACHE_NAME"] = "models--" + recipe.model.replace("/", "--")
+        values["MODEL_CACHE_NAME"] = entry_name(recipe.model)
         where["SERVED_NAME"] = where["MODEL_CACHE_NAME"] = f"{src}: model-derived "
         for flag, knob in RECIPE_VALUE_DEFAULTS.items():
             if flag in recipe.args:
@@ -275,15 +274,8 @@ def _served(label: str, hub: Path, cache_name: str, repo: str | None, pin: str |
                      "apply; serving refs/main")
         pin = None
     if pin is None and ref is None:
-        notes.append(f"{hub / cache_name}/refs/main is missing: preflight will fail")
+        notes.append(f"{ref_file(hub / cache_name)} is missing: preflight will fail")
     return Served(label, cache_name, pin or ref, pin is not None, ref)
-
-
-def _hub_path(knobs: Knobs, remote: bool) -> str:
-    home = knobs["HF_HOME"]
-    if home.startswith("~") and remote:
-        return home.rstrip("/") + "/hub"  # expanded on the worker at apply time
-    return os.path.join(os.path.expanduser(home), "hub")
 
 
 def _nodes(recipe: Recipe, knobs: Knobs) -> list[NodeSpec]:
@@ -324,12 +316,12 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
         image_source, image = "env", None
     else:
         image_source = "flag" if image is not None else "recipe"
-    local_hub = Path(_hub_path(knobs, remote=False))
+    local_hub = Path(hub_path(knobs["HF_HOME"]))
     served = [_served("model", local_hub, knobs["MODEL_CACHE_NAME"], recipe.model, recipe.model_pin, notes)]
     if recipe.drafter_cache_knob:
         served.append(_served("drafter", local_hub, knobs[recipe.drafter_cache_knob], recipe.drafter_repo,
                               recipe.drafter_pin, notes))
-    in_container = {s.label: f"{CONTAINER_HUB}/{s.cache_name}/snapshots/{s.revision or '<refs/main missing>'}"
+    in_container = {s.label: snapshot_text(CONTAINER_HUB, s.cache_name, s.revision or "<refs/main missing>")
                     for s in served}
     model_path, drafter_path = in_container["model"], in_container.get("drafter")
     tail = tail_args(recipe, knobs, drafter_path)
@@ -355,7 +347,7 @@ def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "produ
         fabric_of[fabric_ip] = rank
         nic, hca = fill("nic", node.nic) or knobs["CX_NIC"], fill("hca", node.hca) or knobs["CX_HCA"]
         name = knobs["NAME"].replace("{rank}", str(rank))
-        hub = _hub_path(knobs, remote=ssh is not None)
+        hub = hub_path(knobs["HF_HOME"], remote=ssh is not None)
         secret = tuple(k for k in SECRET_ENV if k in environ) if rank == 0 else ()
         argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
         engine = engine_argv(recipe, knobs, rank, nnodes, model_path, tail)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparkstack.checkline import check_line
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, snapshot_dir, snapshot_state
+from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, ref_file, snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
@@ -286,7 +286,7 @@ def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
 def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool) -> list[Check]:
     """The snapshot exists and every shard the index names is there, at the size its header implies."""
     if revision is None:
-        return [Check(f"{label}-snapshot", "fail", f"{hub / cache_name}/refs/main is missing or unreadable")]
+        return [Check(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable")]
     state = snapshot_state(hub / cache_name, revision)
     checks = [Check(f"{label}-snapshot", "pass" if state.complete else "fail", state.detail)]
     if state.complete and want_template:

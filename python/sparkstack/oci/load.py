@@ -231,18 +231,6 @@ class LoadResult:
         return dict(self.__dict__)
 
 
-def _popen(argv: list[str]) -> subprocess.Popen:
-    """Start the loader with plumbum (the local end of the pipeline), stdin a pipe we feed."""
-    from plumbum import local
-    from plumbum.commands.processes import CommandNotFound
-
-    try:
-        cmd = local[argv[0]][argv[1:]]
-    except CommandNotFound:
-        raise SparkstackError(f"{argv[0]}: not installed here") from None
-    return cmd.popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def _drain(stream, sink: list[bytes]) -> threading.Thread:
     t = threading.Thread(target=lambda: sink.append(stream.read()), daemon=True)
     t.start()
@@ -253,7 +241,7 @@ def stream_into(argv: list[str], write: Callable[[BinaryIO], int]) -> tuple[int,
     """Run `argv` and feed its stdin with `write`. Returns (bytes written, the loader's output).
 
     If `write` fails, the loader is killed before the stream can end cleanly."""
-    proc = _popen(argv)
+    proc = Runner().popen(argv)  # argv is whole already (ssh included): run it here
     out: list[bytes] = []
     err: list[bytes] = []
     threads = [_drain(proc.stdout, out), _drain(proc.stderr, err)]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError, UsageError
-from sparkstack.hfcache import entry_for_copy, hub_of
+from sparkstack.hfcache import entry_for_copy, hub_path
 from sparkstack.oci.load import image_name
 from sparkstack.oci.model import CONTAINERD_NAME, MANIFEST_V1, canonical_json, digest_hex, sha256_digest
 from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchive, open_image
@@ -194,7 +194,7 @@ def make_target(host: str, ssh: str, hub_home: str, docker_host: str | None, fab
         if not fabric_ip:
             raise UsageError(f"--via fabric: {host} has no fabric address (only recipe nodes have one)")
         runner = runner.via(fabric_ip, host_key_alias(ssh, ssh_config))
-    return Target(host, runner, chosen, hub_of(hub_home), docker_host)
+    return Target(host, runner, chosen, hub_path(hub_home, remote=True), docker_host)
 
 
 def _plain_target(value: str) -> str:
@@ -233,4 +233,4 @@ def default_entries(launch_plan) -> tuple[str, ...]:
 
 
 def local_hub(launch_plan) -> Path:
-    return Path(hub_of(os.path.expanduser(launch_plan.knobs["HF_HOME"])))
+    return Path(hub_path(launch_plan.knobs["HF_HOME"]))

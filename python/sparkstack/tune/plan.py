@@ -11,13 +11,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack.launch.apply import DROP_CACHES
 from sparkstack.launch.plan import LaunchPlan
 from sparkstack.launch.preflight import runner_for
 from sparkstack.launch.report import select_ranks
 from sparkstack.remote import Runner
 from sparkstack.tune import facts as hostfacts
 from sparkstack.tune.facts import GIB, WRITTEN_BY, HostFacts
+from sparkstack.tune.pagecache import DROP_CACHES
 
 PAGE_CACHE_DROP_BYTES = 2 * GIB  # less than this in the page cache is not worth a drop
 SWAPPINESS_FILE_TEXT = (f"{WRITTEN_BY}: unified memory must not swap (vm.swappiness 0 does not survive a reboot "
@@ -38,7 +38,7 @@ class Step:
     name: str  # swappiness | swappiness-persisted | persistence-mode | clock-cap | page-cache
     now: str
     want: str
-    commands: tuple[Command, ...]  # run as root, in order (page-cache: launch's drop-caches code runs these)
+    commands: tuple[Command, ...]  # run as root, in order (page-cache: tune.pagecache runs these)
     by_hand: str  # the same as one shell line, for a user to run themselves
 
     def to_json(self) -> dict:
