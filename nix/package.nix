@@ -45,6 +45,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.bench.run"
     "sparkstack.bench.suite"
     "sparkstack.cli"
+    "sparkstack.deploy"
     "sparkstack.endpoint.client"
     "sparkstack.errors"
     "sparkstack.fetch"

@@ -499,6 +499,7 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
 @one_line_errors
 def fetch(recipe, resolve, dry_run, as_json) -> None:
     """Download exactly the recipe's pinned model and drafter commits into the head's HF cache."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.fetch import apply_fetch, apply_resolve, plan_fetch, plan_resolve
     from sparkstack.recipe import load_recipe
 
@@ -516,7 +517,7 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
         elif rplan.up_to_date:
             click.echo(f"up to date: every repo of {rplan.recipe.path} is pinned")
         return
-    plan = plan_fetch(load_recipe(recipe), os.environ)
+    plan = plan_fetch(load_deployment(recipe, os.environ), os.environ)
     for w in plan.warnings:
         _warn(w)
     if dry_run:
@@ -583,13 +584,13 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
 def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
            memory_guard, health_interval, health_attempts, worker_delay) -> None:
     """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
+    from sparkstack.deploy import load_deployment, runner_for, select_ranks
     from sparkstack.launch import apply as launch_apply
     from sparkstack.launch import report
-    from sparkstack.launch.plan import build_plan, image_flag
-    from sparkstack.launch.preflight import run_preflight, runner_for
-    from sparkstack.recipe import load_recipe
+    from sparkstack.launch.plan import plan_launch
+    from sparkstack.launch.preflight import run_preflight
 
-    plan = build_plan(load_recipe(recipe), os.environ, profile, image_flag(image) if image is not None else None)
+    plan = plan_launch(load_deployment(recipe, os.environ, image), os.environ, profile)
     runners = {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
     say = functools.partial(click.echo, err=as_json)  # with --json, progress goes to stderr
     if target == "stop":
@@ -618,7 +619,7 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
             if last_run:
                 _print_boot(last_run["id"], last_run.get("boot"))
         return
-    selected = report.select_ranks(plan, target)
+    selected = select_ranks(plan, target)
     checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
                            dict(os.environ), dry_run=dry_run)
     if dry_run:
@@ -682,12 +683,11 @@ def _print_boot(run: str, boot: dict | None) -> None:
 @one_line_errors
 def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
     """Tune every rank's host: swappiness 0 (now and at boot), GPU persistence mode and clock cap, page cache."""
-    from sparkstack.launch.plan import build_plan
-    from sparkstack.recipe import load_recipe
+    from sparkstack.deploy import load_deployment
     from sparkstack.tune.apply import apply_tune
     from sparkstack.tune.plan import plan_tune
 
-    plan, runners = plan_tune(build_plan(load_recipe(recipe), os.environ), target, host_root, ssh_config)
+    plan, runners = plan_tune(load_deployment(recipe, os.environ), target, host_root, ssh_config)
     if dry_run:
         if as_json:
             _print_json(plan.to_json())
@@ -732,11 +732,11 @@ def plan_group() -> None:
 @one_line_errors
 def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
     """Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.launch.kv import kv_plan
-    from sparkstack.launch.plan import build_plan
-    from sparkstack.recipe import load_recipe
+    from sparkstack.launch.plan import plan_launch
 
-    kv = kv_plan(build_plan(load_recipe(recipe), os.environ), kv_bytes)
+    kv = kv_plan(plan_launch(load_deployment(recipe, os.environ), os.environ), kv_bytes)
     if as_json:
         _print_json(kv.to_json())
         return
@@ -773,21 +773,20 @@ def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
 def ship(hosts, recipe, ssh_config, image_arg, no_image, models, no_weights, streams, via, platform, dry_run,
          as_json) -> None:
     """Send each host only the image and weight blobs it lacks, verified on arrival; then load and link there."""
-    from sparkstack.launch.plan import build_plan
-    from sparkstack.recipe import load_recipe
+    from sparkstack.deploy import load_deployment
     from sparkstack.remote import Runner
     from sparkstack.ship import apply_ship, default_streams, entries_to_ship, plan_with_probe, remember_image, resolve_image
-    from sparkstack.ship.local import default_entries, local_hub, targets_from
+    from sparkstack.ship.local import targets_from
 
     if no_image and image_arg:
         raise UsageError("--image and --no-image contradict each other")
     if no_weights and models:
         raise UsageError("--model and --no-weights contradict each other")
-    launch_plan = build_plan(load_recipe(recipe), os.environ)
-    targets = targets_from(launch_plan, tuple(hosts), via, ssh_config)
-    head = Runner(docker_host=launch_plan.ranks[0].docker_host)
-    image = None if no_image else resolve_image(image_arg or launch_plan.image, image_arg is not None, head, platform)
-    entries = () if no_weights else entries_to_ship(local_hub(launch_plan), tuple(models) or default_entries(launch_plan))
+    deployment = load_deployment(recipe, os.environ)
+    targets = targets_from(deployment, tuple(hosts), via, ssh_config)
+    head = Runner(docker_host=deployment.ranks[0].docker_host)
+    image = None if no_image else resolve_image(image_arg or deployment.image, image_arg is not None, head, platform)
+    entries = () if no_weights else entries_to_ship(deployment.local_hub, tuple(models) or deployment.cache_names)
     plan = plan_with_probe(image, entries, targets, streams or default_streams(os.cpu_count()), readonly=dry_run)
     if dry_run:
         _print_json(plan.to_json()) if as_json else _render_ship_plan(plan)
@@ -1002,18 +1001,17 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
 
     api_key = _api_key(api_key_env)
     suite = bench_suite.load()
-    launch_plan = None
+    deployment = None
     if recipe is not None:
-        from sparkstack.launch.plan import build_plan
-        from sparkstack.recipe import load_recipe
+        from sparkstack.deploy import load_deployment
 
-        launch_plan = build_plan(load_recipe(recipe), os.environ)
+        deployment = load_deployment(recipe, os.environ)
     log_path = log_path or Path(time.strftime("soak-%Y%m%dT%H%M%SZ.jsonl", time.gmtime()))
     plan = soak_plan.build_plan(
         base_url(url), duration_s=duration, concurrency=concurrency, categories=suite.check_categories(_category_names(categories)),
         window_s=window, max_requests=max_requests, log=log_path, health_interval_s=health_interval,
         dead_after_s=dead_after, max_tokens=max_tokens, temperature=temperature, top_p=top_p, model=model,
-        request_timeout_s=timeout, launch_plan=launch_plan)
+        request_timeout_s=timeout, deployment=deployment)
     if dry_run:
         if as_json:
             _print_json({"plan": plan.to_json(), "sent": 0})
@@ -1051,12 +1049,13 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
 @one_line_errors
 def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
     """A live view of an engine from /metrics: requests, tok/s, acceptance, KV and prefix cache, preemptions."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.endpoint.client import Endpoint, base_url
     from sparkstack.top import view, watch
 
     url = base_url(url)
     api_key = _api_key(api_key_env)
-    pool, pool_note = watch.kv_pool(recipe)
+    pool, pool_note = watch.kv_pool(None if recipe is None else load_deployment(recipe, os.environ))
     reads = "two reads of /metrics, --interval apart" if once else "a read of /metrics every --interval"
     if dry_run:
         doc = {"url": url, "interval_s": interval, "once": once, "reads": reads, "kv_pool_tokens": pool, "sent": 0}

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack.deploy import Deployment
 from sparkstack.errors import SparkstackError
 from sparkstack.fetch import hub
 from sparkstack.hfcache import (
     ListedFile,
     entry_name,
-    hub_path,
     read_listing,
     read_ref,
     refuse_unlisted,
@@ -116,13 +116,6 @@ class FetchPlan:
                 "entries": [e.to_json() for e in self.entries]}
 
 
-def head_hub(recipe: Recipe, environ: Mapping[str, str]) -> Path:
-    """The hub launch mounts on the head: $HF_HOME/hub, HF_HOME by launch's precedence (environment > recipe)."""
-    from sparkstack.launch.plan import resolve_knobs
-
-    return Path(hub_path(resolve_knobs(recipe, environ)["HF_HOME"]))
-
-
 def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
     """What the hub cache holds of one pinned commit (the file list from the record, else from the hub)."""
     entry = hub_dir / entry_name(w.repo)
@@ -139,14 +132,17 @@ def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
     return state
 
 
-def plan_fetch(recipe: Recipe, environ: Mapping[str, str]) -> FetchPlan:
+def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
+    """What the head's hub (the one launch mounts: the deployment's $HF_HOME/hub) lacks of the pinned commits;
+    `environ` for HF_HUB_CACHE, which fetch does not follow."""
+    recipe = deployment.recipe
     todo = wanted(recipe)
     unpinned = [w.field for w in todo if w.revision is None]
     if unpinned:
         raise SparkstackError(f"{show_path(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
                               f"commits only; run `sparkstack fetch --resolve --recipe {show_path(recipe.path)}` "
                               "to pin the hub's current ones")
-    hub_dir = head_hub(recipe, environ)
+    hub_dir = deployment.local_hub
     warnings = []
     other = environ.get("HF_HUB_CACHE")
     if other and Path(os.path.expanduser(other)).absolute() != hub_dir.absolute():

@@ -16,7 +16,8 @@ import os
 import re
 import shutil
 import stat
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack import fsio
@@ -215,6 +216,7 @@ class SnapshotState:
     detail: str  # why not complete, or a one-line summary when it is
     shards: int = 0
     files: frozenset[str] = frozenset()
+    tensor_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per shard read: its tensors' names
 
     def has(self, relpath: str) -> bool:
         return relpath in self.files
@@ -232,12 +234,15 @@ def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
     if not report["complete"]:
         return SnapshotState(entry, revision, False, report["detail"], files=files)
     shards = report["shards"]
+    names = {}
     for shard in shards:
         try:
-            read_header(snap / shard)  # also proves the file is exactly as long as its header says
+            header = read_header(snap / shard)  # also proves the file is exactly as long as its header says
         except SparkstackError as exc:
             return SnapshotState(entry, revision, False, str(exc), files=files)
-    return SnapshotState(entry, revision, True, f"{len(shards)} shards complete at {revision[:12]}", len(shards), files)
+        names[shard] = tuple(t.name for t in header.tensors)
+    return SnapshotState(entry, revision, True, f"{len(shards)} shards complete at {revision[:12]}", len(shards), files,
+                         names)
 
 
 # ---------------------------------------------------------------- publishing

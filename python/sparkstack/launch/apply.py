@@ -16,6 +16,7 @@ import requests
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.bootlines import CONFIRM_LINES
+from sparkstack.deploy import Deployment
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.timeline import (
     KvPool,
@@ -378,7 +379,7 @@ def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str],
     return failures
 
 
-def status(plan: LaunchPlan, runners: dict[int, Runner]) -> tuple[list[dict], dict | None]:
+def status(plan: LaunchPlan | Deployment, runners: dict[int, Runner]) -> tuple[list[dict], dict | None]:
     """Each rank's state, image ID, uptime and (head) health; and the last run record."""
     out = []
     record = latest_record()

@@ -4,21 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from sparkstack.errors import UsageError
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.preflight import Check
-
-ACTIONS = ("all", "stop", "status")
-
-
-def select_ranks(plan: LaunchPlan, target: str, actions: tuple[str, ...] = ACTIONS) -> list[RankPlan]:
-    """The ranks a TARGET names: one rank number, or `all` (`actions`: the other words the command takes)."""
-    if target == "all":
-        return list(plan.ranks)
-    if target.isascii() and target.isdigit() and str(int(target)) == target and int(target) < len(plan.ranks):
-        return [plan.ranks[int(target)]]
-    raise UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), {', '.join(actions)}; got {target!r}")
-
 
 def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],
                      drop_caches: bool) -> dict:

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from sparkstack import fsio
+from sparkstack.deploy import Deployment
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.hfcache import entry_for_copy, hub_path
 from sparkstack.oci.load import image_name
@@ -204,13 +205,13 @@ def _plain_target(value: str) -> str:
     return value
 
 
-def targets_from(launch_plan, hosts: tuple[str, ...], via: str | None, ssh_config: Path | None) -> tuple[Target, ...]:
+def targets_from(deployment: Deployment, hosts: tuple[str, ...], via: str | None, ssh_config: Path | None) -> tuple[Target, ...]:
     """HOSTs by recipe node name (a plain ssh target otherwise); by default every worker node of the recipe."""
-    ranks = {r.host: r for r in launch_plan.ranks}
-    names = hosts or tuple(r.host for r in launch_plan.ranks if r.rank != 0)
+    ranks = {r.host: r for r in deployment.ranks}
+    names = hosts or tuple(r.host for r in deployment.ranks if r.rank != 0)
     if not names:
         raise UsageError("the recipe has no worker nodes; name the hosts to ship to")
-    home = launch_plan.knobs["HF_HOME"]
+    home = deployment.knobs["HF_HOME"]
     out = []
     for name in dict.fromkeys(names):
         rank = ranks.get(name)
@@ -223,14 +224,3 @@ def targets_from(launch_plan, hosts: tuple[str, ...], via: str | None, ssh_confi
     return tuple(out)
 
 
-def default_entries(launch_plan) -> tuple[str, ...]:
-    """The recipe's model and drafter cache entries (MODEL_CACHE_NAME and the drafter's knob)."""
-    knobs, recipe = launch_plan.knobs, launch_plan.recipe
-    names = [knobs["MODEL_CACHE_NAME"]]
-    if recipe.drafter_cache_knob:
-        names.append(knobs[recipe.drafter_cache_knob])
-    return tuple(names)
-
-
-def local_hub(launch_plan) -> Path:
-    return Path(hub_path(launch_plan.knobs["HF_HOME"]))

@@ -11,9 +11,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack.launch.plan import LaunchPlan
-from sparkstack.launch.preflight import runner_for
-from sparkstack.launch.report import select_ranks
+from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.remote import Runner
 from sparkstack.tune import facts as hostfacts
 from sparkstack.tune.facts import GIB, WRITTEN_BY, HostFacts
@@ -167,7 +165,7 @@ def plan_rank(rank: int, host: str, facts: HostFacts, sudo: bool, clock_cap: str
     return RankTune(rank, host, facts.where, sudo, facts, tuple(steps), tuple(notes), tuple(problems))
 
 
-def plan_tune(plan: LaunchPlan, target: str, host_root: Path, ssh_config: Path | None) -> tuple[TunePlan, dict[int, Runner]]:
+def plan_tune(plan: Deployment, target: str, host_root: Path, ssh_config: Path | None) -> tuple[TunePlan, dict[int, Runner]]:
     """Read every selected rank's facts (read-only) and plan; also returns the runners apply uses."""
     root = str(host_root.absolute())
     ranks, runners = [], {}
