@@ -23,6 +23,7 @@ from sparkstack.hfcache import (
     snapshot_needs,
 )
 from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
+from sparkstack.units import human_bytes
 
 
 @dataclass(frozen=True)
@@ -148,3 +149,32 @@ def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
     if other and Path(os.path.expanduser(other)).absolute() != hub_dir.absolute():
         warnings.append(f"HF_HUB_CACHE={other} is ignored: fetch writes to {hub_dir}, the hub launch mounts")
     return FetchPlan(recipe, hub_dir, tuple(entry_state(w, hub_dir) for w in todo), tuple(warnings))
+
+
+def resolve_lines(rplan: ResolvePlan, dry_run: bool, written: bool) -> list[str]:
+    """The human form of `fetch --resolve`: each repo's pin, then what was written."""
+    lines = []
+    for w, commit in rplan.pins:
+        lines.append(f"{w.label} {w.repo}: " + (f"pinned at {w.revision}, left as it is" if commit is None else
+                                                f"{'would pin' if dry_run else 'pinned'} {w.field} = {commit}"))
+    if written:
+        lines.append(f"wrote {rplan.recipe.path}; now `sparkstack fetch --recipe {rplan.recipe.path}` downloads it")
+    elif rplan.up_to_date:
+        lines.append(f"up to date: every repo of {rplan.recipe.path} is pinned")
+    return lines
+
+
+def plan_lines(plan: FetchPlan) -> list[str]:
+    """The human form of a fetch plan (`fetch --dry-run`)."""
+    lines = []
+    for e in plan.entries:
+        head = f"{e.wanted.label} {e.wanted.repo} @ {e.revision}"
+        if e.up_to_date:
+            lines.append(f"{head}: up to date ({len(e.files)} files in {e.entry})")
+            continue
+        lines.append(f"{head}: would download {len(e.to_download)} files ({human_bytes(e.bytes_to_download)}), "
+                     f"link {len(e.to_link)} held already, {len(e.present)} present; refs/main -> {e.revision[:12]} "
+                     f"(file list from {'the last fetch' if e.listing_from == 'record' else 'the hub'})")
+        for f in e.to_download:
+            lines.append(f"  {f.relpath}  {human_bytes(f.size)}")
+    return lines

@@ -16,8 +16,10 @@ import requests
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.bootlines import CONFIRM_LINES
-from sparkstack.deploy import Deployment
+from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.launch.preflight import Check, run_preflight
+from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
     RankTimeline,
@@ -339,6 +341,49 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
     proc = runners[ranks[0]].run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
     image_id = proc.stdout.strip() if proc.returncode == 0 else "unknown"
     return write_record(plan, image_id, boot, ran), boot
+
+
+# ---------------------------------------------------------------- the command: what `sparkstack launch` runs
+
+
+def runners_for(plan: LaunchPlan, ssh_config: Path | None) -> dict[int, Runner]:
+    """One runner per rank: here for the head, over ssh (with `ssh_config`) for the others."""
+    return {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
+
+
+def preflight(plan: LaunchPlan, target: str, host_root: Path, runners: dict[int, Runner], probe: bool, force: bool,
+              gates: bool, environ: dict, dry_run: bool) -> tuple[list[RankPlan], list[Check]]:
+    """The ranks TARGET names, and the preflight checks. The ranks (their docker, over ssh) are asked only on a
+    real run, or on a dry run with --probe."""
+    selected = select_ranks(plan, target)
+    checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates, dict(environ),
+                           dry_run=dry_run)
+    return selected, checks
+
+
+@dataclass(frozen=True)
+class Started:
+    record: Path
+    boot: Boot | None
+    guard: object | None  # the memory guard that watched the boot (launch.guard.MemoryGuard), if asked for
+
+
+def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[Check], t: Timeouts,
+          environ: dict, on_event: Callable[[str], None], drop: bool, memory_guard_gib: float | None,
+          host_root: Path) -> Started:
+    """A failed preflight is the error; else start the selected ranks, with the memory guard polled while they
+    boot when asked for (`memory_guard_gib`)."""
+    verdict = preflight_verdict(checks)
+    if verdict:
+        raise SparkstackError(verdict)
+    ranks = [r.rank for r in selected]
+    guard = None
+    if memory_guard_gib is not None:
+        from sparkstack.launch.guard import memory_guard
+
+        guard = memory_guard(runners, ranks, str(host_root.absolute()), memory_guard_gib, on_event)
+    record, boot = launch(plan, runners, ranks, t, dict(environ), on_event, drop=drop, on_poll=guard)
+    return Started(record, boot, guard)
 
 
 def stop_commands(plan: LaunchPlan, runners: dict[int, Runner]) -> list[tuple[int, str, list[str]]]:

@@ -174,3 +174,15 @@ def plan_tune(plan: Deployment, target: str, host_root: Path, ssh_config: Path |
         ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), runner.sudo,
                                plan.recipe.clock_cap))
     return TunePlan(plan.recipe.name, plan.recipe.clock_cap, root, tuple(ranks)), runners
+
+
+def plan_lines(plan: TunePlan) -> list[str]:
+    """The human form of a tune plan (`tune --dry-run`)."""
+    lines = []
+    for r in plan.ranks:
+        who = f"rank {r.rank} ({r.host}, {r.where}{', sudo -n' if r.sudo else ''})"
+        lines.append(f"{who}: up to date" if r.up_to_date else f"{who}:")
+        lines += [f"  {s.name}: {s.now} -> {s.want}" for s in r.steps]
+        lines += [f"  problem: {p}" for p in r.problems]
+        lines += [f"  note: {n}" for n in r.notes]
+    return lines
