@@ -289,13 +289,13 @@ def test_a_container_start_time_that_moved_is_a_restart(tmp_path):
 
 
 def test_the_container_is_watched_only_at_the_recipe_port_on_this_host(monkeypatch):
-    from sparkstack.launch.plan import build_plan as launch_plan
+    from sparkstack.deploy import plan_deployment
     from sparkstack.recipe import load_recipe
 
     monkeypatch.setenv("API_PORT", "18000")
-    lp = launch_plan(load_recipe("glm53-flash-dflash2-nvfp4"), dict(os.environ, API_PORT="18000"))
+    lp = plan_deployment(load_recipe("glm53-flash-dflash2-nvfp4"), dict(os.environ, API_PORT="18000"))
     watch, note = container_watch("http://127.0.0.1:18000", lp)
-    assert watch.name == "glm53-tony-rank0" and [r.rank for r in watch.launch_plan.ranks] == [0]
+    assert watch.name == "glm53-tony-rank0" and [r.rank for r in watch.deployment.ranks] == [0]
     watch, note = container_watch("http://127.0.0.1:18001", lp)
     assert watch is None and "not the recipe's API port 18000" in note
     watch, note = container_watch("http://10.0.0.1:18000", lp)

@@ -76,3 +76,79 @@ def test_only_hfcache_knows_the_cache_layout():
             if isinstance(node, ast.Constant) and node.value in ("refs", "refs/main", "snapshots"):
                 offenders.append(f"{name}:{node.lineno} {node.value!r}")
     assert offenders == []
+
+
+# Path spellings of the hub cache layout: an entry's name, a snapshot under it, its ref file. Prose may name
+# refs/main ("refs/main -> ..."); a path joins it with a slash.
+LAYOUT_SPELLINGS = ("models--", "/snapshots/", "/refs/main")
+
+
+def test_only_hfcache_spells_cache_paths_in_fstrings():
+    """An f-string (or a string glued to one) that builds a hub path outside hfcache: models--ORG--NAME,
+    .../snapshots/<rev> or .../refs/main. Those go through hfcache (entry_name, snapshot_text, ref_file)."""
+    offenders = []
+    for name, path in MODULES.items():
+        if name.startswith("sparkstack.hfcache"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            parts = []
+            if isinstance(node, ast.JoinedStr):
+                parts = [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                parts = [s.value for s in (node.left, node.right) if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+            for text in parts:
+                for spelled in LAYOUT_SPELLINGS:
+                    if spelled in text:
+                        offenders.append(f"{name}:{node.lineno} {text!r}")
+    assert offenders == []
+
+
+def package_of(module: str) -> str:
+    """sparkstack.launch.plan -> launch; sparkstack.units -> units."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Which area imports which, from every module's imports (function-level ones too)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        graph.setdefault(package_of(name), set()).update(
+            package_of(m) for m in imported(name, path) if package_of(m) != package_of(name))
+    return graph
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each area's floor, derived from the imports: one above the highest area it imports (0: imports none).
+    Fails naming the circle when areas import each other round a loop."""
+    floor: dict[str, int] = {}
+
+    def visit(area: str, path: tuple[str, ...]) -> int:
+        if area in path:
+            raise AssertionError("areas import each other: " + " -> ".join(path[path.index(area):] + (area,)))
+        if area not in floor:
+            floor[area] = 1 + max((visit(d, path + (area,)) for d in graph[area]), default=-1)
+        return floor[area]
+
+    for area in sorted(graph):
+        visit(area, ())
+    return floor
+
+
+# The deployment's floor: above recipe and hfcache, below every command that acts on the ranks. tune stands
+# below launch (launch's preflight, guard and --drop-caches read tune.facts and tune.pagecache).
+LOWER = ("recipe", "hfcache", "deploy", "tune")
+HIGHER = ("launch", "cli", "ship", "fetch", "soak", "top")
+
+
+def test_areas_stand_on_floors_no_import_runs_up():
+    graph = package_graph()
+    floor = floors(graph)  # the area graph is a DAG
+    up = sorted(f"{low} imports {high}" for low in LOWER for high in HIGHER if high in graph[low])
+    assert up == []
+    assert floor["recipe"] < floor["deploy"] and floor["hfcache"] < floor["deploy"]
+    assert all(floor["deploy"] < floor[a] for a in ("launch", "tune", "ship", "fetch", "soak", "top"))
+    assert floor["tune"] < floor["launch"]
+    # none of the commands that take a Deployment imports launch for it
+    for area in ("tune", "ship", "fetch"):
+        assert "launch" not in graph[area], f"{area} imports launch"

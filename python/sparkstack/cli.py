@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import sys
 from pathlib import Path
 
 import click
 
+from sparkstack import terminal
 from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.units import human_bytes
 
 
 def _fail(message: str) -> None:
@@ -44,50 +45,17 @@ def one_line_errors(fn):
     return wrapper
 
 
-class FiniteFloat(click.ParamType):
-    """A float in [low, high]: unlike click.FloatRange, also refuses nan and inf (nan passes every comparison)."""
-
-    name = "number"
-
-    def __init__(self, low: float, high: float) -> None:
-        self.low, self.high = low, high
-
-    def convert(self, value, param, ctx):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number) or not self.low <= number <= self.high:
-            self.fail(f"{value!r} is not a finite number in [{self.low:.10g}, {self.high:.10g}]", param, ctx)
-        return number
-
-
-class OptionalValueCommand(click.Command):
-    """click reads `--opt=-1`, for an option whose value may be left out (`flag_value`), as the bare option and then
-    an unknown option `-1`: such a value goes to the option's type first, so a bad one gets the type's own message."""
-
-    def parse_args(self, ctx, args):
-        ahead = args[:args.index("--")] if "--" in args else args
-        for param in self.params:
-            if isinstance(param, click.Option) and getattr(param, "_flag_needs_value", False):
-                for arg in ahead:
-                    name, eq, value = arg.partition("=")
-                    if eq and name in param.opts and value.startswith("-"):
-                        param.type.convert(value, param, ctx)
-        return super().parse_args(ctx, args)
-
-
 def _print_json(doc: object) -> None:
     click.echo(json.dumps(doc, indent=2))
 
 
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    raise AssertionError("unreachable")
+def _emit(as_json: bool, doc, lines) -> None:
+    """--json: the document (`doc()`); else the lines (`lines()`), one each. Only the one shown is made."""
+    if as_json:
+        _print_json(doc())
+        return
+    for line in lines():
+        click.echo(line)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,6 +75,7 @@ def strip(src: Path, out: Path | None, index_only: bool, dry_run: bool, as_json:
     """Remove the MTP layer from a checkpoint, writing a new cache entry and never touching SRC."""
     from sparkstack.hfcache import no_mtp_destination, resolve_source
     from sparkstack.strip import apply_plan, make_plan
+    from sparkstack.strip.plan import plan_lines
 
     source = resolve_source(src)
     dest = (out.absolute() if out else no_mtp_destination(source))
@@ -114,72 +83,13 @@ def strip(src: Path, out: Path | None, index_only: bool, dry_run: bool, as_json:
     for w in plan.warnings:
         _warn(w)
     if dry_run:
-        _print_json(plan.to_json()) if as_json else _render_strip_plan(plan)
+        _emit(as_json, plan.to_json, lambda: plan_lines(plan))
         return
     total = sum(s.out_size - len(s.new_prefix) for s in plan.shards if s.action == "rewrite")
-    with _progress("rewriting shards", total, enabled=not plan.up_to_date and total > 0) as advance:
+    with terminal.progress("rewriting shards", total, enabled=not plan.up_to_date and total > 0) as advance:
         result = apply_plan(plan, on_progress=advance, on_wait=lambda dest, pid: click.echo(
             f"sparkstack: waiting for another strip of {dest}" + (f" (pid {pid})" if pid else ""), err=True))
-    if as_json:
-        _print_json({"plan": plan.to_json(), "result": result.to_json()})
-    elif result.up_to_date:
-        click.echo(f"up to date: {result.dest}" + (f" @ {result.revision}" if result.revision else ""))
-    else:
-        counts = {how: sum(1 for f in result.files if f.how == how) for how in ("rewrite", "link", "copy", "new")}
-        click.echo(f"wrote {result.dest}" + (f" @ {result.revision}" if result.revision else ""))
-        click.echo("  " + ", ".join(f"{n} {how}" for how, n in counts.items() if n)
-                   + f"; {human_bytes(plan.bytes_to_write)} written, {human_bytes(plan.bytes_freed)} freed")
-
-
-def _render_strip_plan(plan) -> None:
-    src = plan.source
-    click.echo(f"source: {src.root}" + (f" @ {src.revision}" if src.revision else ""))
-    click.echo(f"dest:   {plan.dest.root}" + (" (up to date)" if plan.up_to_date else ""))
-    click.echo(f"num_hidden_layers: {plan.num_layers} ({plan.num_layers_source})")
-    keys = plan.mtp_keys
-    click.echo(f"MTP tensors: {len(keys)}")
-    for k in keys[:8]:
-        click.echo(f"  {k}")
-    if len(keys) > 8:
-        click.echo(f"  ... and {len(keys) - 8} more")
-    for s in plan.shards:
-        detail = f"{human_bytes(s.source.size)}"
-        if s.action != "link":
-            detail += f" -> {human_bytes(s.out_size)}, drops {len(s.dropped)} tensors"
-        click.echo(f"  {s.action:<8} {s.relpath}  {detail}")
-    click.echo(f"new files: {', '.join(n for n, _ in plan.new_files)}; carried as links: {len(plan.carried)}")
-    click.echo(f"bytes to write: {human_bytes(plan.bytes_to_write)}; bytes freed: {human_bytes(plan.bytes_freed)}")
-
-
-def _transfer_bar():
-    """A started rich Progress on stderr with bytes, speed and time left; gone when stopped."""
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-    bar.start()
-    return bar
-
-
-class _progress:
-    """A rich progress bar on stderr, shown only on a terminal; yields an `advance(n)` callback."""
-
-    def __init__(self, label: str, total: int | None, enabled: bool = True) -> None:
-        self.label, self.total = label, total
-        self.enabled = enabled and sys.stderr.isatty()
-        self._bar = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        self._bar = _transfer_bar()
-        task = self._bar.add_task(self.label, total=self.total)  # None: size unknown up front
-        return lambda n: self._bar.advance(task, n)
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    _emit(as_json, lambda: {"plan": plan.to_json(), "result": result.to_json()}, lambda: result.lines(plan))
 
 
 # ---------------------------------------------------------------- image / patch / pin
@@ -226,37 +136,18 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
                 link_base, dry_run, as_json) -> None:
     """Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."""
     from sparkstack.image import build_image, plan_build
+    from sparkstack.image.plan import plan_lines
 
     plan = plan_build(base, _overlay_dir(overlay_dir), overlay_src, out, variant, platform, tuple(extra_steps),
                       allow_unpinned, wheel_dir, link_base)
     if plan.overlay.unpinned:
         _warn(f"building from unpinned overlay files: {', '.join(plan.overlay.unpinned)}")
     if dry_run:
-        doc = plan.to_json()
-        if as_json:
-            _print_json(doc)
-        else:
-            click.echo(f"base: {doc['base']} ({doc['platform']}), manifest {doc['base_manifest']}")
-            click.echo(f"out: {doc['out']}" + (" (up to date: nothing to do)" if plan.up_to_date else ""))
-            click.echo(f"overlay: {doc['overlay']['source']}")
-            for i in doc["installs"]:
-                click.echo(f"  install {i['src']} -> {i['dest']}")
-            for st in doc["steps"]:
-                click.echo(f"  step    {st['name']}: {st['script']} {' '.join(st['args'])}")
-            click.echo(f"extract from base: {len(doc['extract'])} files")
+        _emit(as_json, plan.to_json, lambda: plan_lines(plan))
         return
-    with _progress("reading base layers", None) as advance:
+    with terminal.progress("reading base layers", None) as advance:
         result = build_image(plan, on_progress=advance)
-    if as_json:
-        _print_json({"plan": plan.to_json(), "result": result.to_json()})
-        return
-    click.echo(("up to date: " if result.up_to_date else "built ") + f"{result.out}")
-    click.echo(f"  image   {result.name}")
-    click.echo(f"  config  {result.config_digest}  (image ID)")
-    click.echo(f"  manifest {result.manifest_digest}")
-    click.echo(f"  layer   {result.layer_digest}" + ("" if result.up_to_date else f"  ({len(result.changed)} files)"))
-    for st in result.steps:
-        click.echo(f"  step {st.name}: changed {', '.join(st.changed) or 'nothing'}")
+    _emit(as_json, lambda: {"plan": plan.to_json(), "result": result.to_json()}, result.lines)
 
 
 @image.command("verify")
@@ -267,22 +158,15 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
 @one_line_errors
 def image_verify(path, platform, dry_run, as_json) -> None:
     """Re-hash every blob and check every layer's diff_id."""
-    from sparkstack.oci.verify import verify_image
+    from sparkstack.oci.verify import plan_verify, verify_image
 
     if dry_run:
-        from sparkstack.oci.source import open_image
-
-        src, img = open_image(path, platform)
-        src.close()
-        doc = {"path": str(path), "config_digest": img.config_digest, "manifest_digest": img.manifest_digest,
-               "layers": [{"digest": l.digest, "size": l.size, "diff_id": l.diff_id} for l in img.layers]}
-        if as_json:
-            _print_json(doc)
-        else:
-            click.echo(f"would verify {path}: config {img.config_digest}, {len(img.layers)} layers, "
-                       f"{human_bytes(sum(l.size for l in img.layers))}")
+        plan = plan_verify(path, platform)
+        _print_json(plan.to_json()) if as_json else click.echo(
+            f"would verify {path}: config {plan.image.config_digest}, {len(plan.image.layers)} layers, "
+            f"{human_bytes(plan.bytes_to_check)}")
         return
-    with _progress("verifying layers", None) as advance:
+    with terminal.progress("verifying layers", None) as advance:
         report = verify_image(path, platform, on_progress=advance)
     if as_json:
         _print_json(report.to_json())
@@ -310,27 +194,11 @@ def image_load(path, engine, host, ssh_config, docker_host, platform, dry_run, a
     runner = Runner(ssh=host, ssh_config=ssh_config, docker_host=docker_host)
     plan = plan_load(path, engine, runner, platform)
     if dry_run:
-        if as_json:
-            _print_json(plan.to_json())
-        elif plan.up_to_date:
-            click.echo(f"up to date: {engine} on {plan.where} holds {plan.name or plan.config_digest} "
-                       f"as {plan.config_digest}")
-        else:
-            click.echo(f"would {plan.action} {plan.name or '(untagged)'} into {engine} on {plan.where}: "
-                       f"image ID {plan.config_digest}, {len(plan.layers)} layers, {human_bytes(plan.bytes_to_send)}")
-            if plan.action == "load":
-                click.echo(f"  stream into: {' '.join(plan.load_argv)}")
+        _emit(as_json, plan.to_json, plan.lines)
         return
-    with _progress(f"loading into {engine}", plan.bytes_to_send, enabled=plan.action == "load") as advance:
+    with terminal.progress(f"loading into {engine}", plan.bytes_to_send, enabled=plan.action == "load") as advance:
         result = apply_load(plan, runner, platform, on_progress=advance)
-    if as_json:
-        _print_json({"plan": plan.to_json(), "result": result.to_json()})
-    elif plan.up_to_date:
-        click.echo(f"up to date: {engine} on {plan.where} holds {plan.name or plan.config_digest} as {result.image_id}")
-    else:
-        verb = "loaded" if plan.action == "load" else "tagged"
-        click.echo(f"{verb} {plan.name or '(untagged)'} into {engine} on {plan.where}: image ID {result.image_id}"
-                   + (f" ({human_bytes(result.bytes_sent)} streamed in {result.seconds:.1f} s)" if result.bytes_sent else ""))
+    _emit(as_json, lambda: {"plan": plan.to_json(), "result": result.to_json()}, lambda: result.lines(plan))
 
 
 @main.group()
@@ -351,35 +219,18 @@ def patch() -> None:
 def patch_check(base, overlay_dir, overlay_src, platform, extra_steps, allow_unpinned, dry_run, as_json) -> None:
     """The drift report: every step applied, applicable, drifted or gone; every install target absent, identical or
     present upstream. Exit 1 when a step drifted or its file is gone."""
-    from sparkstack.patch.drift import drift_report
+    from sparkstack.patch.drift import drift_report, plan_check
 
     if dry_run:
-        from sparkstack.patch.engine import needed_paths
-        from sparkstack.patch.overlay import load_overlay
-
-        overlay = load_overlay(_overlay_dir(overlay_dir))
-        steps = overlay.enabled_steps(tuple(extra_steps))
-        doc = {"base": str(base), "steps": [s.name for s in steps], "extract": needed_paths(overlay, steps)}
-        _print_json(doc) if as_json else click.echo(f"would check {', '.join(doc['steps'])} against {base} "
-                                                    f"({len(doc['extract'])} files)")
+        plan = plan_check(base, _overlay_dir(overlay_dir), tuple(extra_steps))
+        _print_json(plan.to_json()) if as_json else click.echo(f"would check {', '.join(plan.steps)} against {base} "
+                                                               f"({len(plan.extract)} files)")
         return
-    with _progress("reading base layers", None) as advance:
+    with terminal.progress("reading base layers", None) as advance:
         drift = drift_report(base, _overlay_dir(overlay_dir), overlay_src, platform, tuple(extra_steps),
                              allow_unpinned, on_progress=advance)
-    if as_json:
-        _print_json({"steps": [r.to_json() for r in drift.steps], "installs": [i.to_json() for i in drift.installs]})
-    else:
-        for r in drift.steps:
-            click.echo(f"{r.status:<10} {r.name}  ({r.method}: {r.detail})")
-            for e in r.edits:
-                if e.status == "drifted":
-                    click.echo(f"  drifted edit {e.marker or '(no marker)'} in {e.file}:")
-                    click.echo("".join("    " + l + "\n" for l in e.diff.splitlines()), nl=False)
-                elif e.status in ("gone", "applied"):
-                    said = e.diff if e.status == "gone" else "marker already there"
-                    click.echo(f"  {e.status} edit {e.marker or '(no marker)'} in {e.file}: {said}")
-        for i in drift.installs:
-            click.echo(f"{i.status:<10} install {i.dest}  ({i.detail})")
+    _emit(as_json, lambda: {"steps": [r.to_json() for r in drift.steps],
+                             "installs": [i.to_json() for i in drift.installs]}, drift.lines)
     if drift.failed:
         _fail(f"steps a build cannot apply (drifted or gone): {', '.join(drift.failed)}")
 
@@ -404,16 +255,7 @@ def pin_overlay(overlay_dir, overlay_src, wheel_dir, dry_run, as_json) -> None:
     plan = plan_pin(_overlay_dir(overlay_dir), overlay_src, wheel_dir)
     if not dry_run:
         apply_pin(plan)
-    if as_json:
-        _print_json({**plan.to_json(), "dry_run": dry_run})
-        return
-    if plan.up_to_date:
-        click.echo(f"up to date: {plan.overlay_toml}")
-        return
-    for ch in plan.changes:
-        click.echo(f"{'would pin' if dry_run else 'pinned'} {ch.file}: {ch.old} -> {ch.new}")
-    if not dry_run:
-        click.echo(f"wrote {plan.overlay_toml}")
+    _emit(as_json, lambda: {**plan.to_json(), "dry_run": dry_run}, lambda: plan.lines(dry_run))
 
 
 _pins_opt = click.option("--pins", "pins_file", type=click.Path(path_type=Path), default=None,
@@ -446,22 +288,7 @@ def pin_base(reference, platforms, pins_file, check, dry_run, as_json) -> None:
             click.echo(f"up to date: {path} matches {plan.pins.reference} ({plan.pins.resolved.digest})")
         return
     wrote = False if dry_run else apply_pin_base(plan)
-    if as_json:
-        _print_json({**plan.to_json(), "dry_run": dry_run, "written": wrote})
-        return
-    if plan.up_to_date:
-        click.echo(f"up to date: {path} ({plan.pins.reference} = {plan.pins.resolved.digest})")
-        return
-    if dry_run:
-        click.echo(f"would write {path}:")
-        click.echo(plan.pins.to_bytes().decode(), nl=False)
-    else:
-        click.echo(f"wrote {path}: {plan.pins.reference} = {plan.pins.resolved.digest}")
-    for change in plan.changes:
-        click.echo(f"  {change}")
-    for name, p in plan.pins.platforms:
-        click.echo(f"  {name}: manifest {p.manifest.digest}, config {p.config.digest}, {len(p.layers)} layers, "
-                   f"{human_bytes(sum(l.size for l in p.layers))}")
+    _emit(as_json, lambda: {**plan.to_json(), "dry_run": dry_run, "written": wrote}, lambda: plan.lines(dry_run))
 
 
 @pin.command("fetch")
@@ -487,7 +314,7 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
                        f"{plan.what} {plan.digest} ({human_bytes(plan.size) if plan.size is not None else 'size unknown'}) "
                        f"from {plan.registry}/{plan.repository} to {plan.out}")
         return
-    with _progress(f"fetching {plan.what}", plan.size, enabled=not plan.up_to_date) as advance:
+    with terminal.progress(f"fetching {plan.what}", plan.size, enabled=not plan.up_to_date) as advance:
         fetched = apply_fetch(plan, on_progress=advance, check_digest=not no_digest_check)
     if as_json:
         _print_json({**plan.to_json(), "fetched": fetched})
@@ -507,60 +334,34 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
 @one_line_errors
 def fetch(recipe, resolve, dry_run, as_json) -> None:
     """Download exactly the recipe's pinned model and drafter commits into the head's HF cache."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.fetch import apply_fetch, apply_resolve, plan_fetch, plan_resolve
+    from sparkstack.fetch.apply import result_lines
+    from sparkstack.fetch.plan import plan_lines, resolve_lines
     from sparkstack.recipe import load_recipe
 
     if resolve:
         rplan = plan_resolve(load_recipe(recipe))
         written = False if dry_run else apply_resolve(rplan)
-        if as_json:
-            _print_json({**rplan.to_json(), "dry_run": dry_run, "written": written})
-            return
-        for w, commit in rplan.pins:
-            click.echo(f"{w.label} {w.repo}: " + (f"pinned at {w.revision}, left as it is" if commit is None else
-                                                  f"{'would pin' if dry_run else 'pinned'} {w.field} = {commit}"))
-        if written:
-            click.echo(f"wrote {rplan.recipe.path}; now `sparkstack fetch --recipe {rplan.recipe.path}` downloads it")
-        elif rplan.up_to_date:
-            click.echo(f"up to date: every repo of {rplan.recipe.path} is pinned")
+        _emit(as_json, lambda: {**rplan.to_json(), "dry_run": dry_run, "written": written},
+              lambda: resolve_lines(rplan, dry_run, written))
         return
-    plan = plan_fetch(load_recipe(recipe), os.environ)
+    plan = plan_fetch(load_deployment(recipe, os.environ), os.environ)
     for w in plan.warnings:
         _warn(w)
     if dry_run:
-        if as_json:
-            _print_json({**plan.to_json(), "dry_run": True})
-            return
-        for e in plan.entries:
-            head = f"{e.wanted.label} {e.wanted.repo} @ {e.revision}"
-            if e.up_to_date:
-                click.echo(f"{head}: up to date ({len(e.files)} files in {e.entry})")
-                continue
-            click.echo(f"{head}: would download {len(e.to_download)} files ({human_bytes(e.bytes_to_download)}), "
-                       f"link {len(e.to_link)} held already, {len(e.present)} present; refs/main -> {e.revision[:12]} "
-                       f"(file list from {'the last fetch' if e.listing_from == 'record' else 'the hub'})")
-            for f in e.to_download:
-                click.echo(f"  {f.relpath}  {human_bytes(f.size)}")
+        _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))
         return
-    with _progress("downloading", plan.bytes_to_download, enabled=plan.bytes_to_download > 0) as advance:
+    with terminal.progress("downloading", plan.bytes_to_download, enabled=plan.bytes_to_download > 0) as advance:
         results = apply_fetch(plan, on_progress=advance, on_wait=lambda entry, pid: click.echo(
             f"sparkstack: waiting for another fetch of {entry}" + (f" (pid {pid})" if pid else ""), err=True))
-    if as_json:
-        _print_json({**plan.to_json(), "dry_run": False, "results": [r.to_json() for r in results]})
-        return
-    for r, e in zip(results, plan.entries):
-        head = f"{r.label} {r.repo} @ {r.revision}"
-        if r.up_to_date:
-            click.echo(f"{head}: up to date ({e.entry})")
-        else:
-            click.echo(f"{head}: downloaded {r.downloaded} files ({human_bytes(r.bytes_downloaded)})"
-                       + (f", {r.resumed} finished by an earlier run" if r.resumed else "")
-                       + f", linked {r.linked}; {e.entry} refs/main -> {r.revision[:12]}")
+    _emit(as_json, lambda: {**plan.to_json(), "dry_run": False, "results": [r.to_json() for r in results]},
+          lambda: result_lines(plan, results))
 
 
 # ---------------------------------------------------------------- launch / plan kv
 
-@main.command(cls=OptionalValueCommand)
+@main.command(cls=terminal.OptionalValueCommand)
 @click.argument("target")
 @click.option("--recipe", default=None, help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. Default: glm53-flash-dflash2-nvfp4.")
 @click.option("--image", "image", default=None,
@@ -578,36 +379,32 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
 @click.option("--gates", is_flag=True, help="Also run, each in a throwaway container of the image: its vLLM's own "
                                          "argument parser on every rank's engine argv, and its runtime import gates.")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
-@click.option("--memory-guard", type=FiniteFloat(0, 1 << 20), is_flag=False, flag_value=8.0, default=None,
+@click.option("--memory-guard", type=terminal.FiniteFloat(0, 1 << 20), is_flag=False, flag_value=8.0, default=None,
               metavar="[=GIB]", help="While ranks boot, drop caches and compact memory on a rank whose MemFree "
                                  "falls under GIB (8 when no value is given).")
-@click.option("--health-interval", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+@click.option("--health-interval", type=terminal.FiniteFloat(0, 3600), default=10.0, show_default=True,
               envvar="HEALTH_INTERVAL", help="Seconds between /health polls (env HEALTH_INTERVAL).")
 @click.option("--health-attempts", type=click.IntRange(min=1, max=1_000_000), default=360, show_default=True,
               envvar="HEALTH_ATTEMPTS", help="How many /health polls before giving up (env HEALTH_ATTEMPTS).")
-@click.option("--worker-delay", type=FiniteFloat(0, 3600), default=20.0, show_default=True,
+@click.option("--worker-delay", type=terminal.FiniteFloat(0, 3600), default=20.0, show_default=True,
               envvar="WORKER_DELAY", help="Seconds between the workers and the head (env WORKER_DELAY).")
 @one_line_errors
 def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, ssh_config, force, gates, drop_caches,
            memory_guard, health_interval, health_attempts, worker_delay) -> None:
     """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.launch import apply as launch_apply
     from sparkstack.launch import report
-    from sparkstack.launch.plan import build_plan, image_flag
-    from sparkstack.launch.preflight import run_preflight, runner_for
-    from sparkstack.recipe import load_recipe
+    from sparkstack.launch.plan import plan_launch
 
-    plan = build_plan(load_recipe(recipe), os.environ, profile, image_flag(image) if image is not None else None)
-    runners = {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
+    plan = plan_launch(load_deployment(recipe, os.environ, image), os.environ, profile)
+    runners = launch_apply.runners_for(plan, ssh_config)
     say = functools.partial(click.echo, err=as_json)  # with --json, progress goes to stderr
     if target == "stop":
         if dry_run:
             cmds = launch_apply.stop_commands(plan, runners)
-            if as_json:
-                _print_json({"would_run": [{"rank": r, "on": on, "argv": argv} for r, on, argv in cmds]})
-            else:
-                for r, on, argv in cmds:
-                    click.echo(f"would run on {on} (rank {r}): {' '.join(argv)}")
+            _emit(as_json, lambda: {"would_run": [{"rank": r, "on": on, "argv": argv} for r, on, argv in cmds]},
+                  lambda: report.stop_lines(cmds))
             return
         events: list[str] = []
         failures = launch_apply.stop(plan, runners, events.append if as_json else say)
@@ -618,65 +415,28 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
         return
     if target == "status":  # read-only: --dry-run changes nothing
         rows, last_run = launch_apply.status(plan, runners)
-        if as_json:
-            _print_json({"ranks": rows, "last_run": last_run})
-        else:
-            for row in rows:
-                click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
-            if last_run:
-                _print_boot(last_run["id"], last_run.get("boot"))
+        _emit(as_json, lambda: {"ranks": rows, "last_run": last_run}, lambda: report.status_lines(rows, last_run))
         return
-    selected = report.select_ranks(plan, target)
-    checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates,
-                           dict(os.environ), dry_run=dry_run)
+    selected, checks = launch_apply.preflight(plan, target, host_root, runners, probe, force, gates, os.environ, dry_run)
     if dry_run:
-        if as_json:
-            _print_json(report.dry_run_document(plan, target, selected, checks, drop_caches))
-        else:
-            for line in report.dry_run_lines(plan, selected, checks, drop_caches):
-                click.echo(line)
+        _emit(as_json, lambda: report.dry_run_document(plan, target, selected, checks, drop_caches),
+              lambda: report.dry_run_lines(plan, selected, checks, drop_caches))
         return
     for c in checks:
         say(c.line())
-    verdict = report.preflight_verdict(checks)
-    if verdict:
-        _fail(verdict)
     timeouts = launch_apply.Timeouts(health_interval_s=health_interval, health_attempts=health_attempts,
                                      worker_delay_s=worker_delay)
-    guard = None
-    if memory_guard is not None:
-        from sparkstack.launch.guard import memory_guard as make_guard
-
-        guard = make_guard(runners, [r.rank for r in selected], str(host_root.absolute()), memory_guard, say)
     try:
-        record, boot = launch_apply.launch(plan, runners, [r.rank for r in selected], timeouts, dict(os.environ),
-                                           say, drop=drop_caches, on_poll=guard)
+        run = launch_apply.start(plan, runners, selected, checks, timeouts, os.environ, say, drop_caches, memory_guard,
+                                 host_root)
     except launch_apply.LaunchFailed as exc:
         for rank, text in sorted(exc.logs.items()):
             click.echo(f"--- rank {rank} log (last lines) ---", err=True)
             click.echo(text.rstrip(), err=True)
         raise
-    if as_json:
-        _print_json({"record": str(record), "boot": None if boot is None else boot.to_json(),
-                     "memory_guard": None if guard is None else guard.fired})
-    else:
-        if boot is not None:
-            _print_boot(record.stem, boot.to_json())
-        if guard is not None:
-            click.echo(f"memory guard: stopped with the boot watch; acted {len(guard.fired)} time(s)")
-        click.echo(f"run record: {record}")
-
-
-def _print_boot(run: str, boot: dict | None) -> None:
-    """A run's boot: its readiness times, then the per-rank timeline and the KV pool."""
-    from sparkstack.launch.timeline import timeline_lines
-
-    if boot is None:
-        click.echo(f"last run {run}: no boot watched (the head was not started)")
-        return
-    click.echo(f"run {run}: port open {boot['port_open_s']} s, /health {boot['health_s']} s, first token {boot['ttft_s']} s")
-    for line in timeline_lines(boot.get("timeline", []), boot.get("kv_pool")):
-        click.echo(line)
+    _emit(as_json, lambda: {"record": str(run.record), "boot": None if run.boot is None else run.boot.to_json(),
+                            "memory_guard": None if run.guard is None else run.guard.fired},
+          lambda: report.started_lines(run))
 
 
 @main.command()
@@ -690,18 +450,13 @@ def _print_boot(run: str, boot: dict | None) -> None:
 @one_line_errors
 def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
     """Tune every rank's host: swappiness 0 (now and at boot), GPU persistence mode and clock cap, page cache."""
-    from sparkstack.launch.plan import build_plan
-    from sparkstack.recipe import load_recipe
+    from sparkstack.deploy import load_deployment
     from sparkstack.tune.apply import apply_tune
-    from sparkstack.tune.plan import plan_tune
+    from sparkstack.tune.plan import plan_lines, plan_tune
 
-    plan, runners = plan_tune(build_plan(load_recipe(recipe), os.environ), target, host_root, ssh_config)
+    plan, runners = plan_tune(load_deployment(recipe, os.environ), target, host_root, ssh_config)
     if dry_run:
-        if as_json:
-            _print_json(plan.to_json())
-        else:
-            for line in _tune_lines(plan):
-                click.echo(line)
+        _emit(as_json, plan.to_json, lambda: plan_lines(plan))
         return
     say = functools.partial(click.echo, err=as_json)
     try:
@@ -714,17 +469,6 @@ def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
         _print_json({**plan.to_json(), "done": done, "problems": problems})
     if problems:
         _fail("; ".join(problems))
-
-
-def _tune_lines(plan) -> list[str]:
-    lines = []
-    for r in plan.ranks:
-        who = f"rank {r.rank} ({r.host}, {r.where}{', sudo -n' if r.sudo else ''})"
-        lines.append(f"{who}: up to date" if r.up_to_date else f"{who}:")
-        lines += [f"  {s.name}: {s.now} -> {s.want}" for s in r.steps]
-        lines += [f"  problem: {p}" for p in r.problems]
-        lines += [f"  note: {n}" for n in r.notes]
-    return lines
 
 
 @main.group("plan")
@@ -740,21 +484,12 @@ def plan_group() -> None:
 @one_line_errors
 def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
     """Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.launch.kv import kv_plan
-    from sparkstack.launch.plan import build_plan
-    from sparkstack.recipe import load_recipe
+    from sparkstack.launch.plan import plan_launch
 
-    kv = kv_plan(build_plan(load_recipe(recipe), os.environ), kv_bytes)
-    if as_json:
-        _print_json(kv.to_json())
-        return
-    if kv.tokens is None:
-        click.echo(f"tokens: unknown ({'no KV bytes given' if kv.kv_bytes is None else 'no measured per-token cost'})")
-    else:
-        click.echo(f"{kv.kv_bytes:,} B / {kv.per_token_bytes:,.2f} B per token = {kv.tokens:,} tokens "
-                   f"= {kv.coverage:.2f}x max-model-len {kv.max_model_len:,}")
-    pu = kv.page_unification
-    click.echo(f"page unification: {'ok' if pu.ok else 'unknown' if pu.ok is None else 'FAILS'}: {pu.reason}")
+    kv = kv_plan(plan_launch(load_deployment(recipe, os.environ), os.environ), kv_bytes)
+    _emit(as_json, kv.to_json, kv.lines)
 
 
 # ---------------------------------------------------------------- ship
@@ -781,128 +516,33 @@ def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
 def ship(hosts, recipe, ssh_config, image_arg, no_image, models, no_weights, streams, via, platform, dry_run,
          as_json) -> None:
     """Send each host only the image and weight blobs it lacks, verified on arrival; then load and link there."""
-    from sparkstack.launch.plan import build_plan
-    from sparkstack.recipe import load_recipe
-    from sparkstack.remote import Runner
-    from sparkstack.ship import apply_ship, default_streams, entries_to_ship, plan_with_probe, remember_image, resolve_image
-    from sparkstack.ship.local import default_entries, local_hub, targets_from
+    from sparkstack.deploy import load_deployment
+    from sparkstack.ship import apply_ship_recorded, plan_deployment_ship
+    from sparkstack.ship.report import plan_lines, result_lines
 
     if no_image and image_arg:
         raise UsageError("--image and --no-image contradict each other")
     if no_weights and models:
         raise UsageError("--model and --no-weights contradict each other")
-    launch_plan = build_plan(load_recipe(recipe), os.environ)
-    targets = targets_from(launch_plan, tuple(hosts), via, ssh_config)
-    head = Runner(docker_host=launch_plan.ranks[0].docker_host)
-    image = None if no_image else resolve_image(image_arg or launch_plan.image, image_arg is not None, head, platform)
-    entries = () if no_weights else entries_to_ship(local_hub(launch_plan), tuple(models) or default_entries(launch_plan))
-    plan = plan_with_probe(image, entries, targets, streams or default_streams(os.cpu_count()), readonly=dry_run)
+    plan = plan_deployment_ship(load_deployment(recipe, os.environ), tuple(hosts), via, ssh_config, image_arg, no_image,
+                                tuple(models), no_weights, streams, platform, readonly=dry_run)
     if dry_run:
-        _print_json(plan.to_json()) if as_json else _render_ship_plan(plan)
+        _emit(as_json, plan.to_json, lambda: plan_lines(plan))
         failed = [h for h in plan.hosts if h.error]
         if failed:
             _fail("; ".join(f"{h.target.host}: {h.error}" for h in failed))
         return
-    note = remember_image(image) if image is not None else None
-    with _multi_progress({h.target.host: h.bytes_to_send for h in plan.hosts if not h.error}) as advance:
-        result = apply_ship(plan, on_progress=advance)
+    with terminal.multi_progress({h.target.host: h.bytes_to_send for h in plan.hosts if not h.error}) as advance:
+        result, note = apply_ship_recorded(plan, on_progress=advance)
     if as_json:
         _print_json(result.to_json())
     else:
-        for line in _ship_result_lines(plan, result):
+        for line in result_lines(plan, result):
             click.echo(line)
         if note:
-            click.echo(f"head: image {image.config_digest[:19]} {note}")
+            click.echo(f"head: image {plan.image.config_digest[:19]} {note}")
     if result.failed:
         _fail("; ".join(f"{h.host}: {h.error}" for h in result.failed))
-
-
-def _render_ship_plan(plan) -> None:
-    if plan.image:
-        click.echo(f"image {plan.image.config_digest} ({plan.image.name or 'untagged'}) from {plan.image.path}")
-    for e in plan.entries:
-        click.echo(f"entry {e.name} @ {e.layout.revision}: {len(e.blobs)} blobs, "
-                   f"{human_bytes(sum(b.size for b in e.blobs))}")
-    for h in plan.hosts:
-        t = h.target
-        where = f"{t.host} (via {t.via}{' ' + t.runner.hostname if t.runner.hostname else ''})"
-        if h.error:
-            click.echo(f"{where}: error: {h.error}")
-            continue
-        if h.up_to_date:
-            click.echo(f"{where}: up to date")
-            continue
-        click.echo(f"{where}: {human_bytes(h.bytes_to_send)} to send")
-        if h.image:
-            if h.image.already_loaded:
-                click.echo("  image: already loaded" + (", would tag" if h.image.tag_only else ""))
-            else:
-                held = f" ({len(h.image.in_docker)} layers held by its docker)" if h.image.in_docker else ""
-                click.echo(f"  image: send {len(h.image.send)} blobs ({human_bytes(h.image.bytes_to_send)}), "
-                           f"{len(h.image.present)} there{held}; then load from the host's store")
-        for w in h.weights:
-            if not w.needs_finish:
-                click.echo(f"  {w.entry.name}: up to date ({len(w.present)} blobs there)")
-                continue
-            todo = [] if w.snapshot_current and w.ref_current else ["rebuild snapshot links and refs/main"]
-            click.echo(f"  {w.entry.name}: send {len(w.send)} blobs ({human_bytes(w.bytes_to_send)}), "
-                       f"{len(w.present)} there" + (f"; {todo[0]}" if todo else ""))
-        for at, need, free in h.room:
-            click.echo(f"  room on {at}: {human_bytes(need)} needed, {human_bytes(free)} free")
-
-
-def _ship_result_lines(plan, result) -> list[str]:
-    lines = []
-    for h in result.hosts:
-        if h.error:
-            lines.append(f"{h.host}: error: {h.error}")
-            continue
-        i = h.image
-        quiet = (i is None or (i.already_loaded and not i.tagged)) and all(
-            w.blobs_sent == 0 and w.snapshot == "up to date" and w.ref == "up to date" for w in h.weights)
-        if quiet:
-            lines.append(f"{h.host}: up to date")
-            continue
-        if i:
-            what = ("already loaded" + (", tagged" if i.tagged else "")) if i.already_loaded else \
-                ("loaded into docker" if i.loaded else "not loaded")
-            lines.append(f"{h.host}: image {i.config_digest[:19]}: sent {i.blobs_sent} blobs "
-                         f"({human_bytes(i.bytes_sent)}), {i.blobs_present} already there; {what}")
-        for w in h.weights:
-            lines.append(f"{h.host}: {w.entry} @ {w.revision[:12]}: sent {w.blobs_sent} blobs "
-                         f"({human_bytes(w.bytes_sent)}), {w.blobs_present} already there; snapshot {w.snapshot}")
-        lines.append(f"{h.host}: done in {h.seconds:.1f} s")
-    return lines
-
-
-class _multi_progress:
-    """One rich bar per host and one for the total, on stderr, only on a terminal. Yields advance(host, n)."""
-
-    def __init__(self, totals: dict[str, int]) -> None:
-        self.totals = totals
-        self.enabled = sys.stderr.isatty() and sum(totals.values()) > 0
-        self._bar = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        import threading
-
-        self._bar = _transfer_bar()
-        tasks = {host: self._bar.add_task(host, total=n) for host, n in self.totals.items()}
-        total = self._bar.add_task("total", total=sum(self.totals.values()))
-        lock = threading.Lock()
-
-        def advance(host: str, n: int) -> None:
-            with lock:  # streams of every host report from their own threads
-                self._bar.advance(tasks[host], n)
-                self._bar.advance(total, n)
-
-        return advance
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()
 
 
 # ---------------------------------------------------------------- verify
@@ -922,9 +562,9 @@ def _api_key(name: str) -> str | None:
 @click.argument("url")
 @click.option("--model", default=None, help="Model to ask (default: the first one /v1/models lists).")
 @_api_key_env_opt
-@click.option("--timeout", type=FiniteFloat(0.1, 86400), default=300.0, show_default=True,
+@click.option("--timeout", type=terminal.FiniteFloat(0.1, 86400), default=300.0, show_default=True,
               help="Seconds for the whole run; each request waits at most what is left of it.")
-@click.option("--temperature", type=FiniteFloat(0, 2), default=1.0, show_default=True,
+@click.option("--temperature", type=terminal.FiniteFloat(0, 2), default=1.0, show_default=True,
               help="The serving temperature, for the sampling check (the model's own default: 1.0).")
 @click.option("--dry-run", is_flag=True, help="Print the checks it would run; send no request.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"checks": [{"check", "status", "detail"}]}.')
@@ -956,40 +596,26 @@ def _category_names(given: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n.strip() for c in given for n in c.split(",") if n.strip())
 
 
-class Duration(click.ParamType):
-    """90s, 30m, 2h, 1h30m: a bare number or a nonsense unit is a usage error."""
-
-    name = "duration"
-
-    def convert(self, value, param, ctx):
-        from sparkstack.soak.plan import parse_duration
-
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration(str(value))
-        except UsageError as exc:
-            self.fail(str(exc), param, ctx)
 @main.command()
 @click.argument("url")
-@click.option("--duration", type=Duration(), required=True, help="How long to soak: 90s, 30m, 2h, 1h30m (at most 7 days).")
+@click.option("--duration", type=terminal.Duration(), required=True, help="How long to soak: 90s, 30m, 2h, 1h30m (at most 7 days).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Concurrent streams.")
 @click.option("--category", "categories", multiple=True,
               help="Suite category (repeatable or comma-separated; default: all of them, in turn).")
-@click.option("--window", type=Duration(), default="60s", show_default=True, help="Length of one logged window.")
+@click.option("--window", type=terminal.Duration(), default="60s", show_default=True, help="Length of one logged window.")
 @click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
               help="The JSONL log, created new (default: ./soak-<UTC time>.jsonl).")
 @click.option("--max-requests", type=click.IntRange(min=1), default=None,
               help="Hard cap on requests sent (default: 2 per second per stream over the duration).")
-@click.option("--health-interval", type=FiniteFloat(0.05, 600), default=5.0, show_default=True,
+@click.option("--health-interval", type=terminal.FiniteFloat(0.05, 600), default=5.0, show_default=True,
               help="Seconds between /health and /metrics reads.")
-@click.option("--dead-after", type=Duration(), default="5m", show_default=True,
+@click.option("--dead-after", type=terminal.Duration(), default="5m", show_default=True,
               help="End the soak when /health stays down this long.")
 @click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=256, show_default=True)
-@click.option("--temperature", type=FiniteFloat(0, 2), default=1.0, show_default=True)
-@click.option("--top-p", type=FiniteFloat(0, 1), default=0.95, show_default=True)
+@click.option("--temperature", type=terminal.FiniteFloat(0, 2), default=1.0, show_default=True)
+@click.option("--top-p", type=terminal.FiniteFloat(0, 1), default=0.95, show_default=True)
 @click.option("--model", default=None, help="Model name to request (default: the first of /v1/models).")
-@click.option("--timeout", type=FiniteFloat(1, 86400), default=300.0, show_default=True,
+@click.option("--timeout", type=terminal.FiniteFloat(1, 86400), default=300.0, show_default=True,
               help="Seconds one request may go without data.")
 @click.option("--recipe", default=None, help="With the URL on this host at the recipe's API port: also watch the "
                                              "head container's start time (launch status, once per window).")
@@ -1010,36 +636,27 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
 
     api_key = _api_key(api_key_env)
     suite = bench_suite.load()
-    launch_plan = None
+    deployment = None
     if recipe is not None:
-        from sparkstack.launch.plan import build_plan
-        from sparkstack.recipe import load_recipe
+        from sparkstack.deploy import load_deployment
 
-        launch_plan = build_plan(load_recipe(recipe), os.environ)
+        deployment = load_deployment(recipe, os.environ)
     log_path = log_path or Path(time.strftime("soak-%Y%m%dT%H%M%SZ.jsonl", time.gmtime()))
     plan = soak_plan.build_plan(
         base_url(url), duration_s=duration, concurrency=concurrency, categories=suite.check_categories(_category_names(categories)),
         window_s=window, max_requests=max_requests, log=log_path, health_interval_s=health_interval,
         dead_after_s=dead_after, max_tokens=max_tokens, temperature=temperature, top_p=top_p, model=model,
-        request_timeout_s=timeout, launch_plan=launch_plan)
+        request_timeout_s=timeout, deployment=deployment)
     if dry_run:
-        if as_json:
-            _print_json({"plan": plan.to_json(), "sent": 0})
-        else:
-            for line in plan.lines():
-                click.echo(line)
-            click.echo("dry run: nothing sent, no log created")
+        _emit(as_json, lambda: {"plan": plan.to_json(), "sent": 0},
+              lambda: [*plan.lines(), "dry run: nothing sent, no log created"])
         return
     if not as_json:
         for line in plan.lines():
             click.echo(line)
     outcome = soak_run.run(plan, suite, api_key,
                            on_window=lambda w: click.echo(soak_report.window_line(w), err=True))
-    if as_json:
-        _print_json(outcome.summary)
-    else:
-        for line in soak_report.summary_lines(outcome.summary):
-            click.echo(line)
+    _emit(as_json, lambda: outcome.summary, lambda: soak_report.summary_lines(outcome.summary))
     if outcome.ended == "interrupted":
         click.echo(f"sparkstack: interrupted: the summary so far is above; the log is kept at {plan.log}", err=True)
         sys.exit(130)
@@ -1049,7 +666,7 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
 
 @main.command()
 @click.argument("url")
-@click.option("--interval", type=FiniteFloat(0.1, 3600), default=2.0, show_default=True,
+@click.option("--interval", type=terminal.FiniteFloat(0.1, 3600), default=2.0, show_default=True,
               help="Seconds between /metrics reads.")
 @click.option("--once", is_flag=True, help="Read twice, --interval apart (rates need two reads), show one sample, exit.")
 @click.option("--recipe", default=None, help="Also show the KV pool in tokens that the recipe's KV pin buys.")
@@ -1059,12 +676,13 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
 @one_line_errors
 def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
     """A live view of an engine from /metrics: requests, tok/s, acceptance, KV and prefix cache, preemptions."""
+    from sparkstack.deploy import load_deployment
     from sparkstack.endpoint.client import Endpoint, base_url
     from sparkstack.top import view, watch
 
     url = base_url(url)
     api_key = _api_key(api_key_env)
-    pool, pool_note = watch.kv_pool(recipe)
+    pool, pool_note = watch.kv_pool(None if recipe is None else load_deployment(recipe, os.environ))
     reads = "two reads of /metrics, --interval apart" if once else "a read of /metrics every --interval"
     if dry_run:
         doc = {"url": url, "interval_s": interval, "once": once, "reads": reads, "kv_pool_tokens": pool, "sent": 0}
@@ -1103,65 +721,18 @@ def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
 # ---------------------------------------------------------------- bench / compare
 
 
-class _IntList(click.ParamType):
-    """Comma-separated whole numbers of at least 1, e.g. 1,2,4."""
-
-    name = "N,N,..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        parts = [p.strip() for p in str(value).split(",")]
-        # ASCII digits only: str.isdigit() takes superscripts and other scripts' digits, which int() may refuse
-        if not all(p.isascii() and p.isdigit() and len(p) <= 4 and 1 <= int(p) <= 1024 for p in parts):
-            self.fail(f"{value!r} is not a comma-separated list of whole numbers from 1 to 1024", param, ctx)
-        return tuple(int(p) for p in parts)
-
-
-class _request_progress:
-    """Requests done of planned, per block, on stderr; only on a terminal. Yields on_progress(label, done, planned)."""
-
-    def __init__(self, planned: int, enabled: bool) -> None:
-        self.planned = planned
-        self.enabled = enabled and sys.stderr.isatty()
-        self._bar = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        self._bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        self._bar.start()
-        task = self._bar.add_task("bench", total=self.planned)
-        return lambda label, done, planned: self._bar.update(task, description=label, completed=done, total=planned)
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def _print_rich(renderable) -> None:
-    from rich.console import Console
-
-    # off a terminal rich would wrap at 80 columns: the tables are wider
-    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
-
-
 @main.command()
 @click.argument("url")
-@click.option("--concurrency", type=_IntList(), default=None, help="Concurrent streams per block  [default: 1,2,3,4,5,6]")
+@click.option("--concurrency", type=terminal.IntList(), default=None, help="Concurrent streams per block  [default: 1,2,3,4,5,6]")
 @click.option("--rounds", type=click.IntRange(1, 100), default=None, help="Rounds per block  [default: 3]")
 @click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=None, help="max_tokens per request  [default: 512]")
-@click.option("--temperature", type=FiniteFloat(0, 2), default=None, help="Sampling temperature  [default: 1.0]")
-@click.option("--top-p", type=FiniteFloat(0, 1), default=None, help="Sampling top_p  [default: 0.95]")
+@click.option("--temperature", type=terminal.FiniteFloat(0, 2), default=None, help="Sampling temperature  [default: 1.0]")
+@click.option("--top-p", type=terminal.FiniteFloat(0, 1), default=None, help="Sampling top_p  [default: 0.95]")
 @click.option("--category", "categories", multiple=True, metavar="NAME",
               help="A suite category to run (repeatable; default: all of code, json, prose, tool-args, count).")
 @click.option("--model", default=None, help="Model to ask for (default: the first the server lists).")
 @_api_key_env_opt
-@click.option("--timeout", type=FiniteFloat(0.1, 3600), default=60.0, show_default=True,
+@click.option("--timeout", type=terminal.FiniteFloat(0.1, 3600), default=60.0, show_default=True,
               help="Seconds to wait for any answer or stream data.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, metavar="PNG",
               help="Also draw tok/s and acceptance length against concurrency, and per-position acceptance.")
@@ -1174,7 +745,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
     """Measure a served stack on the fixed prompt suite: one block per (concurrency, category); exit 1 on a fault."""
     from sparkstack.bench.plan import make_plan
     from sparkstack.bench.plot import check_destination, write_plot
-    from sparkstack.bench.report import settings_line, table
+    from sparkstack.bench.report import plan_lines, table
     from sparkstack.bench.run import run_bench
     from sparkstack.endpoint.client import Endpoint, check_key_env
     from sparkstack.endpoint.client import printable
@@ -1187,14 +758,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
     if plot is not None:
         check_destination(plot)
     if dry_run:
-        if as_json:
-            _print_json(plan.to_json())
-            return
-        click.echo(f"would bench {plan.settings.url}: {len(plan.blocks)} blocks, {plan.requests} requests "
-                   "(a noisy block runs once more); sends nothing (--dry-run)")
-        click.echo(f"suite v{plan.suite.version}; {settings_line(plan.settings.to_json())}")
-        for b in plan.blocks:
-            click.echo(f"  {b.name}: {b.rounds} rounds x {b.concurrency} streams = {b.requests} requests")
+        _emit(as_json, plan.to_json, lambda: plan_lines(plan))
         return
     api_key = _api_key(api_key_env)
     endpoint = Endpoint(plan.settings.url, api_key, timeout, connections=max(plan.settings.concurrency))
@@ -1203,7 +767,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
         return printable(mask_key(text, api_key))
 
     try:
-        with _request_progress(plan.requests, enabled=not as_json) as on_progress:
+        with terminal.request_progress(plan.requests, enabled=not as_json) as on_progress:
             report = run_bench(plan, endpoint, force=force, on_progress=on_progress)
     except UsageError:
         raise
@@ -1218,7 +782,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
         for n in notes:
             _warn(n)
     else:
-        _print_rich(table(doc))
+        terminal.print_rich(table(doc))
         for n in notes:
             click.echo(n)
     if plot is not None:  # after the figures are out: a failed plot must not lose the run
@@ -1247,40 +811,14 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
     if as_json:
         _print_json(cmp.to_json())
         return
-    _print_rich(table(cmp))
+    terminal.print_rich(table(cmp))
     click.echo(printable(f"A: {settings_line(cmp.a[1])}"))
     click.echo(printable(f"B: {settings_line(cmp.b[1])}"))
 
 
-class StdoutClosed(Exception):
-    """Our stdout's reader went away. Not an OSError, so no error handler mistakes it for a failed operation."""
-
-
-class _GuardedStdout:
-    """sys.stdout, but a write to a closed pipe raises StdoutClosed (a broken pipe to ssh or docker stays an error)."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text):
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise StdoutClosed from None
-
-    def flush(self):
-        try:
-            return self._stream.flush()
-        except BrokenPipeError:
-            raise StdoutClosed from None
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
 def entry() -> None:
     """The `sparkstack` program: click in non-standalone mode, so that usage errors are one line too."""
-    sys.stdout = _GuardedStdout(sys.stdout)
+    sys.stdout = terminal.GuardedStdout(sys.stdout)
     try:
         code = main.main(prog_name="sparkstack", standalone_mode=False)
     except click.UsageError as exc:
@@ -1290,11 +828,11 @@ def entry() -> None:
     except click.Abort:
         click.echo("sparkstack: interrupted", err=True)
         sys.exit(130)
-    except StdoutClosed:
+    except terminal.StdoutClosed:
         _quiet_closed_pipe()
     try:
         sys.stdout.flush()
-    except StdoutClosed:
+    except terminal.StdoutClosed:
         _quiet_closed_pipe()
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -21,3 +21,13 @@ def ms(seconds: float | None, digits: int = 0, missing: str = "n/a") -> str:
     """Seconds as milliseconds, `digits` after the point; `missing` when missing or not finite."""
     seconds = finite(seconds)
     return missing if seconds is None else f"{seconds * 1000:.{digits}f}"
+
+
+def human_bytes(n: int, largest: str = "TiB") -> str:
+    """A byte count in binary units, one decimal (`12 B`, `1.5 GiB`), going no higher than `largest`."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == largest:
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    raise AssertionError(f"unknown unit {largest!r}")

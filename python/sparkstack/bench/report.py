@@ -292,3 +292,12 @@ def table(doc: dict):
                   _num(c["steps_per_s"]), str(c["errors"]),
                   "[red]" + escape(printable(" ".join(c["flags"]))) + "[/red]" if c["flags"] else "")
     return t
+
+
+def plan_lines(plan) -> list[str]:
+    """The human form of a bench plan (`bench --dry-run`): its blocks and settings; nothing is sent."""
+    lines = [f"would bench {plan.settings.url}: {len(plan.blocks)} blocks, {plan.requests} requests "
+             "(a noisy block runs once more); sends nothing (--dry-run)",
+             f"suite v{plan.suite.version}; {settings_line(plan.settings.to_json())}"]
+    lines += [f"  {b.name}: {b.rounds} rounds x {b.concurrency} streams = {b.requests} requests" for b in plan.blocks]
+    return lines

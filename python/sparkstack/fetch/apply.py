@@ -28,6 +28,7 @@ from sparkstack.hfcache import (
     publish_fetched,
 )
 from sparkstack.recipe import write_revisions
+from sparkstack.units import human_bytes
 
 STAGE = ".sparkstack-fetch"
 MAX_STREAMS = 8  # files downloading at once, as huggingface_hub's snapshot_download does
@@ -146,3 +147,17 @@ def _problem(blob: Path, f: ListedFile) -> str | None:
     if problem:
         blob.unlink(missing_ok=True)
     return problem
+
+
+def result_lines(plan: FetchPlan, results: list[EntryResult]) -> list[str]:
+    """The human form of what a fetch did, one line per entry."""
+    lines = []
+    for r, e in zip(results, plan.entries):
+        head = f"{r.label} {r.repo} @ {r.revision}"
+        if r.up_to_date:
+            lines.append(f"{head}: up to date ({e.entry})")
+        else:
+            lines.append(f"{head}: downloaded {r.downloaded} files ({human_bytes(r.bytes_downloaded)})"
+                         + (f", {r.resumed} finished by an earlier run" if r.resumed else "")
+                         + f", linked {r.linked}; {e.entry} refs/main -> {r.revision[:12]}")
+    return lines

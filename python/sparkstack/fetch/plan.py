@@ -11,18 +11,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkstack.deploy import Deployment
 from sparkstack.errors import SparkstackError
 from sparkstack.fetch import hub
 from sparkstack.hfcache import (
     ListedFile,
     entry_name,
-    hub_of,
     read_listing,
     read_ref,
     refuse_unlisted,
     snapshot_needs,
 )
 from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
+from sparkstack.units import human_bytes
 
 
 @dataclass(frozen=True)
@@ -116,13 +117,6 @@ class FetchPlan:
                 "entries": [e.to_json() for e in self.entries]}
 
 
-def head_hub(recipe: Recipe, environ: Mapping[str, str]) -> Path:
-    """The hub launch mounts on the head: $HF_HOME/hub, HF_HOME by launch's precedence (environment > recipe)."""
-    from sparkstack.launch.plan import resolve_knobs
-
-    return Path(hub_of(os.path.expanduser(resolve_knobs(recipe, environ)["HF_HOME"])))
-
-
 def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
     """What the hub cache holds of one pinned commit (the file list from the record, else from the hub)."""
     entry = hub_dir / entry_name(w.repo)
@@ -139,16 +133,48 @@ def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
     return state
 
 
-def plan_fetch(recipe: Recipe, environ: Mapping[str, str]) -> FetchPlan:
+def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
+    """What the head's hub (the one launch mounts: the deployment's $HF_HOME/hub) lacks of the pinned commits;
+    `environ` for HF_HUB_CACHE, which fetch does not follow."""
+    recipe = deployment.recipe
     todo = wanted(recipe)
     unpinned = [w.field for w in todo if w.revision is None]
     if unpinned:
         raise SparkstackError(f"{show_path(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
                               f"commits only; run `sparkstack fetch --resolve --recipe {show_path(recipe.path)}` "
                               "to pin the hub's current ones")
-    hub_dir = head_hub(recipe, environ)
+    hub_dir = deployment.local_hub
     warnings = []
     other = environ.get("HF_HUB_CACHE")
     if other and Path(os.path.expanduser(other)).absolute() != hub_dir.absolute():
         warnings.append(f"HF_HUB_CACHE={other} is ignored: fetch writes to {hub_dir}, the hub launch mounts")
     return FetchPlan(recipe, hub_dir, tuple(entry_state(w, hub_dir) for w in todo), tuple(warnings))
+
+
+def resolve_lines(rplan: ResolvePlan, dry_run: bool, written: bool) -> list[str]:
+    """The human form of `fetch --resolve`: each repo's pin, then what was written."""
+    lines = []
+    for w, commit in rplan.pins:
+        lines.append(f"{w.label} {w.repo}: " + (f"pinned at {w.revision}, left as it is" if commit is None else
+                                                f"{'would pin' if dry_run else 'pinned'} {w.field} = {commit}"))
+    if written:
+        lines.append(f"wrote {rplan.recipe.path}; now `sparkstack fetch --recipe {rplan.recipe.path}` downloads it")
+    elif rplan.up_to_date:
+        lines.append(f"up to date: every repo of {rplan.recipe.path} is pinned")
+    return lines
+
+
+def plan_lines(plan: FetchPlan) -> list[str]:
+    """The human form of a fetch plan (`fetch --dry-run`)."""
+    lines = []
+    for e in plan.entries:
+        head = f"{e.wanted.label} {e.wanted.repo} @ {e.revision}"
+        if e.up_to_date:
+            lines.append(f"{head}: up to date ({len(e.files)} files in {e.entry})")
+            continue
+        lines.append(f"{head}: would download {len(e.to_download)} files ({human_bytes(e.bytes_to_download)}), "
+                     f"link {len(e.to_link)} held already, {len(e.present)} present; refs/main -> {e.revision[:12]} "
+                     f"(file list from {'the last fetch' if e.listing_from == 'record' else 'the hub'})")
+        for f in e.to_download:
+            lines.append(f"  {f.relpath}  {human_bytes(f.size)}")
+    return lines

@@ -16,7 +16,8 @@ import os
 import re
 import shutil
 import stat
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack import fsio
@@ -166,6 +167,16 @@ def snapshot_dir(entry: Path, revision: str) -> Path:
     return entry / "snapshots" / revision
 
 
+def snapshot_text(hub: str, cache_name: str, revision: str) -> str:
+    """hub/<cache_name>/snapshots/<revision> as posix text: a path on another machine or in a container."""
+    return f"{hub}/{cache_name}/snapshots/{revision}"
+
+
+def ref_file(entry: Path, ref: str = "main") -> Path:
+    """Where an entry's ref (refs/main) lives."""
+    return entry / "refs" / ref
+
+
 def blobs_dir(entry: Path) -> Path:
     return entry / "blobs"
 
@@ -175,7 +186,7 @@ def blobs_dir(entry: Path) -> Path:
 
 def read_ref(entry: Path, ref: str = "main") -> str | None:
     """The commit a ref names, or None when the ref file is absent. Anything but a 40-hex commit is refused."""
-    path = entry / "refs" / ref
+    path = ref_file(entry, ref)
     try:
         if not stat.S_ISREG(path.stat().st_mode):  # a fifo here would block the read forever
             raise SparkstackError(f"{path}: is not a regular file")
@@ -205,6 +216,7 @@ class SnapshotState:
     detail: str  # why not complete, or a one-line summary when it is
     shards: int = 0
     files: frozenset[str] = frozenset()
+    tensor_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per shard read: its tensors' names
 
     def has(self, relpath: str) -> bool:
         return relpath in self.files
@@ -222,12 +234,15 @@ def snapshot_state(entry: Path, revision: str | None = None) -> SnapshotState:
     if not report["complete"]:
         return SnapshotState(entry, revision, False, report["detail"], files=files)
     shards = report["shards"]
+    names = {}
     for shard in shards:
         try:
-            read_header(snap / shard)  # also proves the file is exactly as long as its header says
+            header = read_header(snap / shard)  # also proves the file is exactly as long as its header says
         except SparkstackError as exc:
             return SnapshotState(entry, revision, False, str(exc), files=files)
-    return SnapshotState(entry, revision, True, f"{len(shards)} shards complete at {revision[:12]}", len(shards), files)
+        names[shard] = tuple(t.name for t in header.tensors)
+    return SnapshotState(entry, revision, True, f"{len(shards)} shards complete at {revision[:12]}", len(shards), files,
+                         names)
 
 
 # ---------------------------------------------------------------- publishing
@@ -287,9 +302,12 @@ def blob_algorithm(name: str) -> str:
     raise SparkstackError(f"{name!r}: not a hub blob name (64-hex sha256 or 40-hex git sha1)")
 
 
-def hub_of(hf_home: str) -> str:
-    """The hub dir under an HF_HOME, as text (a remote `~` stays for the far side to expand)."""
-    return hf_home.rstrip("/") + "/hub"
+def hub_path(hf_home: str, remote: bool = False) -> str:
+    """The hub dir under an HF_HOME, as text: `~` expanded here, or, for another machine (`remote`), left for the
+    far side to expand. The one spelling of $HF_HOME/hub."""
+    if remote and hf_home.startswith("~"):
+        return hf_home.rstrip("/") + "/hub"  # expanded on the far side at apply time
+    return os.path.join(os.path.expanduser(hf_home), "hub")
 
 
 @dataclass(frozen=True)

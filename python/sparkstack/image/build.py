@@ -51,6 +51,14 @@ class BuildResult:
             "gates": [{"gate": g.name, "ok": g.ok} for g in self.gates], "cache": self.cache_stats,
         }
 
+    def lines(self) -> list[str]:
+        """The human form of what a build made."""
+        lines = [("up to date: " if self.up_to_date else "built ") + f"{self.out}", f"  image   {self.name}",
+                 f"  config  {self.config_digest}  (image ID)", f"  manifest {self.manifest_digest}",
+                 f"  layer   {self.layer_digest}" + ("" if self.up_to_date else f"  ({len(self.changed)} files)")]
+        lines += [f"  step {st.name}: changed {', '.join(st.changed) or 'nothing'}" for st in self.steps]
+        return lines
+
 
 def _labels(plan: BuildPlan, base_config: str) -> dict[str, str]:
     """Labels record the base by its identity (config digest), so every container format of it gives one image."""

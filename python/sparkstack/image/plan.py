@@ -202,3 +202,15 @@ def complete_output(out: Path) -> ExistingOutput | None:
     if not isinstance(name, str):
         name = None
     return ExistingOutput(name, image.config_digest, image.manifest_digest, image.layers[-1].digest)
+
+
+def plan_lines(plan: BuildPlan) -> list[str]:
+    """The human form of a build plan (`image build --dry-run`)."""
+    doc = plan.to_json()
+    lines = [f"base: {doc['base']} ({doc['platform']}), manifest {doc['base_manifest']}",
+             f"out: {doc['out']}" + (" (up to date: nothing to do)" if plan.up_to_date else ""),
+             f"overlay: {doc['overlay']['source']}"]
+    lines += [f"  install {i['src']} -> {i['dest']}" for i in doc["installs"]]
+    lines += [f"  step    {st['name']}: {st['script']} {' '.join(st['args'])}" for st in doc["steps"]]
+    lines.append(f"extract from base: {len(doc['extract'])} files")
+    return lines

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +16,10 @@ import requests
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.bootlines import CONFIRM_LINES
+from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.launch.preflight import Check, run_preflight
+from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
     RankTimeline,
@@ -29,6 +31,7 @@ from sparkstack.launch.timeline import (
 )
 from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
+from sparkstack.tune.pagecache import drop_page_cache
 
 
 @dataclass(frozen=True)
@@ -99,19 +102,6 @@ def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
     if proc.returncode != 0:
         raise LaunchFailed(f"rank {rank.rank} did not start on {runner.label}: {failure_line(proc)}", {})
     return argv
-
-
-DROP_CACHES = (("sync",), ("sysctl", "-w", "vm.drop_caches=3"))
-
-
-def drop_page_cache(runner: Runner) -> tuple[list[str], subprocess.CompletedProcess] | None:
-    """sync, then drop the page cache on one machine (as root: `sudo -n` where the runner says so).
-    None when done; else the command that failed and how."""
-    for argv in DROP_CACHES:
-        proc = runner.run_as_root(list(argv), timeout=300)
-        if proc.returncode != 0:
-            return list(argv), proc
-    return None
 
 
 def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
@@ -353,6 +343,49 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
     return write_record(plan, image_id, boot, ran), boot
 
 
+# ---------------------------------------------------------------- the command: what `sparkstack launch` runs
+
+
+def runners_for(plan: LaunchPlan, ssh_config: Path | None) -> dict[int, Runner]:
+    """One runner per rank: here for the head, over ssh (with `ssh_config`) for the others."""
+    return {rank.rank: runner_for(rank, ssh_config) for rank in plan.ranks}
+
+
+def preflight(plan: LaunchPlan, target: str, host_root: Path, runners: dict[int, Runner], probe: bool, force: bool,
+              gates: bool, environ: dict, dry_run: bool) -> tuple[list[RankPlan], list[Check]]:
+    """The ranks TARGET names, and the preflight checks. The ranks (their docker, over ssh) are asked only on a
+    real run, or on a dry run with --probe."""
+    selected = select_ranks(plan, target)
+    checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates, dict(environ),
+                           dry_run=dry_run)
+    return selected, checks
+
+
+@dataclass(frozen=True)
+class Started:
+    record: Path
+    boot: Boot | None
+    guard: object | None  # the memory guard that watched the boot (launch.guard.MemoryGuard), if asked for
+
+
+def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[Check], t: Timeouts,
+          environ: dict, on_event: Callable[[str], None], drop: bool, memory_guard_gib: float | None,
+          host_root: Path) -> Started:
+    """A failed preflight is the error; else start the selected ranks, with the memory guard polled while they
+    boot when asked for (`memory_guard_gib`)."""
+    verdict = preflight_verdict(checks)
+    if verdict:
+        raise SparkstackError(verdict)
+    ranks = [r.rank for r in selected]
+    guard = None
+    if memory_guard_gib is not None:
+        from sparkstack.launch.guard import memory_guard
+
+        guard = memory_guard(runners, ranks, str(host_root.absolute()), memory_guard_gib, on_event)
+    record, boot = launch(plan, runners, ranks, t, dict(environ), on_event, drop=drop, on_poll=guard)
+    return Started(record, boot, guard)
+
+
 def stop_commands(plan: LaunchPlan, runners: dict[int, Runner]) -> list[tuple[int, str, list[str]]]:
     """What `stop` runs, as data: (rank, where, argv), head first, then the workers over the management network."""
     return [(rank.rank, runners[rank.rank].label, runners[rank.rank].docker("rm", "-f", rank.name)) for rank in plan.ranks]
@@ -391,7 +424,7 @@ def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str],
     return failures
 
 
-def status(plan: LaunchPlan, runners: dict[int, Runner]) -> tuple[list[dict], dict | None]:
+def status(plan: LaunchPlan | Deployment, runners: dict[int, Runner]) -> tuple[list[dict], dict | None]:
     """Each rank's state, image ID, uptime and (head) health; and the last run record."""
     out = []
     record = latest_record()

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkstack.errors import SparkstackError
-from sparkstack.launch.apply import drop_page_cache
 from sparkstack.remote import Runner, failure_line
 from sparkstack.tune.facts import GIB, read_meminfo
+from sparkstack.tune.pagecache import drop_page_cache
 
 COMPACT = ("sysctl", "-w", "vm.compact_memory=1")
 COOLDOWN_S = 30.0  # after acting on a rank, let the loader run before judging that rank again

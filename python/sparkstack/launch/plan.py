@@ -1,24 +1,21 @@
-"""The launch plan: recipe + environment knobs + local host facts -> one `docker run` argv per rank.
+"""The launch plan: a Deployment (deploy/) plus one `docker run` argv per rank.
 
-Pure apart from reading refs/main of the two cache entries on this machine.
-Precedence: built-in defaults < the recipe's knob defaults and values < environment variables set.
+Pure: the deployment read what there is to read (the recipe, refs/main). This module owns the argv: docker's
+options, the engine's flags, the recipe's tail with the knobs applied, the speculative config and the NCCL env.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from sparkstack.deploy.plan import Deployment, ImageFlag, Knobs, Rank, plan_deployment
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import entry_holds, read_ref
-from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, show, show_path
+from sparkstack.hfcache import snapshot_text
+from sparkstack.recipe import KNOB_DEFAULTS, Recipe, show
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
-FABRIC_IPS = ("10.0.0.1", "10.0.0.2")
 LAB_DROPS = (("--gpus", "all"), ("--ulimit", "memlock=-1:-1"), ("--device", "/dev/infiniband:/dev/infiniband"))
 SECRET_ENV = ("VLLM_API_KEY",)  # passed to docker by name only: the value never enters an argv
 
@@ -40,105 +37,15 @@ VALUE_KNOBS = {
 }
 # Abbreviations recipes in the seed's shape carry, and the option vLLM means by each: written in full.
 FULL_NAMES = {"--kv-cache-memory": "--kv-cache-memory-bytes"}
-# Generated flags whose value a plain recipe may set in its own args, as that knob's default.
-RECIPE_VALUE_DEFAULTS = {"--served-model-name": "SERVED_NAME", "--port": "API_PORT",
-                         "--master-addr": "MASTER_ADDR", "--master-port": "MASTER_PORT"}
 
 
 @dataclass(frozen=True)
-class Knobs:
-    values: Mapping[str, str]
-    active: frozenset[str]  # declared by the recipe or set in the environment: these may edit args
-    from_env: frozenset[str]
+class RankPlan(Rank):
+    """A deployment's rank plus what launch runs there."""
 
-    def __getitem__(self, name: str) -> str:
-        return self.values[name]
-
-
-@dataclass(frozen=True)
-class ImageFlag:
-    """What `launch --image` named: a built OCI layout (run by its content-addressed tag), or a plain reference."""
-
-    ref: str  # what docker runs
-    config_digest: str | None  # known when a layout was given
-    layout: Path | None
-
-
-def image_flag(value: str) -> ImageFlag:
-    """A path to an existing OCI layout or archive is read (its tag and config digest); anything else is a reference."""
-    from sparkstack.image.plan import complete_output
-
-    path = Path(value)
-    looks_like_path = value.startswith(("/", "./", "../", "~")) or value.endswith(("/", ".tar"))
-    if not path.exists():
-        if looks_like_path:  # no image reference starts with / or . nor ends with / or .tar
-            raise SparkstackError(f"--image {show_path(path)}: no such OCI layout or image archive")
-        return ImageFlag(value, None, None)
-    built = complete_output(path)
-    if built is None:
-        raise SparkstackError(f"--image {show_path(path)}: not a complete OCI layout or image archive")
-    return ImageFlag(built.name or built.config_digest, built.config_digest, path.absolute())
-
-
-def resolve_knobs(recipe: Recipe, environ: Mapping[str, str], image: ImageFlag | None = None) -> Knobs:
-    """Knob values by precedence: built-in defaults < the recipe < `--image` (IMAGE only) < the environment."""
-    values = dict(KNOB_DEFAULTS)
-    src = show_path(recipe.path)
-    where = {k: "built-in default " for k in KNOB_DEFAULTS}  # where each value came from, for the one error line
-    values["IMAGE"], where["IMAGE"] = recipe.docker_image, f"{src}: docker_image="
-    if not recipe.knobs:  # plain shape: the recipe's own values stand in for the defaults
-        values["SERVED_NAME"] = recipe.model
-        values["MODEL_CACHE_NAME"] = "models--" + recipe.model.replace("/", "--")
-        where["SERVED_NAME"] = where["MODEL_CACHE_NAME"] = f"{src}: model-derived "
-        for flag, knob in RECIPE_VALUE_DEFAULTS.items():
-            if flag in recipe.args:
-                i = recipe.args.index(flag)
-                if i + 1 < len(recipe.args):
-                    values[knob], where[knob] = recipe.args[i + 1], f"{src} args: {flag} "
-        env = dict(recipe.env)
-        for knob in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
-            if knob in env:
-                values[knob], where[knob] = env[knob], f"{src} [env]: {knob}="
-    values.update(dict(recipe.knobs))
-    where.update({k: f"{src} [knobs]: {k}=" for k, _ in recipe.knobs})
-    if image is not None:
-        values["IMAGE"], where["IMAGE"] = image.ref, "--image "
-    from_env = {k for k in KNOB_DEFAULTS if k in environ}
-    values.update({k: environ[k] for k in from_env})
-    where.update({k: f"environment variable {k}=" for k in from_env})
-    check_knobs(values, where)
-    return Knobs(values, frozenset(dict(recipe.knobs)) | frozenset(from_env), frozenset(from_env))
-
-
-def check_knobs(values: Mapping[str, str], where: Mapping[str, str]) -> None:
-    """The boundary for knob values: each has its kind (recipe.KNOB_KINDS); the first bad one is the error."""
-    for name in KNOB_DEFAULTS:
-        check_value(where[name], values[name], KNOB_KINDS[name])
-    if int(values["API_PORT"]) == int(values["MASTER_PORT"]):
-        # Blame the one set in the environment, when only one of them is.
-        env_master = where["MASTER_PORT"].startswith("environment") and not where["API_PORT"].startswith("environment")
-        first, second = ("MASTER_PORT", "API_PORT") if env_master else ("API_PORT", "MASTER_PORT")
-        raise SparkstackError(f"{where[first]}{show(values[first])} is also {second}: the head cannot bind both ports")
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    rank: int
-    host: str
-    ssh: str | None  # None: run on this machine
-    docker_host: str | None
-    name: str
-    fabric_ip: str
-    nic: str
-    hca: str
-    hub: str  # host path of the HF hub mounted into the container
-    docker_run: tuple[str, ...]
+    docker_run: tuple[str, ...] = ()
     secret_env: tuple[str, ...] = ()
     engine_argv: tuple[str, ...] = ()  # what follows the image in docker_run: the argv vLLM parses
-
-    @property
-    def headless(self) -> bool:
-        return self.rank != 0
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "host": self.host, "ssh": self.ssh, "docker_host": self.docker_host,
@@ -148,38 +55,25 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
-class Served:
-    """The snapshot of one cache entry every rank serves: the recipe's pinned commit, else what refs/main names."""
-
-    label: str  # "model" or "drafter"
-    cache_name: str
-    revision: str | None  # None: not pinned and no readable refs/main
-    pinned: bool
-    ref_main: str | None  # what the head's refs/main names: it may differ from a pinned commit
-
-    def to_json(self) -> dict:
-        return {"label": self.label, "cache_name": self.cache_name, "revision": self.revision, "pinned": self.pinned,
-                "ref_main": self.ref_main}
-
-
-@dataclass(frozen=True)
 class LaunchPlan:
-    recipe: Recipe
-    knobs: Knobs
-    profile: str
-    image: str
-    model_revision: str | None
-    drafter_revision: str | None
-    ranks: tuple[RankPlan, ...]
-    notes: tuple[str, ...] = field(default=())
-    image_source: str = "recipe"  # env, flag or recipe: which of them named the image
-    image_config_digest: str | None = None  # known when --image named a built layout
-    image_layout: Path | None = None  # that layout: loaded on the head where missing
-    served: tuple[Served, ...] = ()
+    """A Deployment plus the argv per rank, for one profile."""
 
-    @property
-    def api_port(self) -> int:
-        return int(self.knobs["API_PORT"])
+    deployment: Deployment
+    profile: str
+    ranks: tuple[RankPlan, ...]
+    gpu_memory_utilization: float  # what the engine is told (--gpu-memory-utilization), or vLLM's default
+
+    recipe = property(lambda self: self.deployment.recipe)
+    knobs = property(lambda self: self.deployment.knobs)
+    image = property(lambda self: self.deployment.image)
+    model_revision = property(lambda self: self.deployment.model_revision)
+    drafter_revision = property(lambda self: self.deployment.drafter_revision)
+    notes = property(lambda self: self.deployment.notes)
+    image_source = property(lambda self: self.deployment.image_source)
+    image_config_digest = property(lambda self: self.deployment.image_config_digest)
+    image_layout = property(lambda self: self.deployment.image_layout)
+    served = property(lambda self: self.deployment.served)
+    api_port = property(lambda self: self.deployment.api_port)
 
     def to_json(self) -> dict:
         return {
@@ -262,109 +156,39 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
     return json.dumps(ordered, separators=(",", ":"))
 
 
-def _served(label: str, hub: Path, cache_name: str, repo: str | None, pin: str | None, notes: list[str]) -> Served:
-    """The recipe's pinned commit when the entry holds its repo, else refs/main of the local entry. A bad ref
-    becomes a note (the plan is still printed; preflight fails unless a pin makes refs/main moot)."""
-    try:
-        ref = read_ref(hub / cache_name)
-    except SparkstackError as exc:
-        notes.append(str(exc))
-        ref = None
-    if pin is not None and repo is not None and not entry_holds(cache_name, repo):
-        notes.append(f"{cache_name} is not an entry of the recipe's {label} {repo}: its pinned revision does not "
-                     "apply; serving refs/main")
-        pin = None
-    if pin is None and ref is None:
-        notes.append(f"{hub / cache_name}/refs/main is missing: preflight will fail")
-    return Served(label, cache_name, pin or ref, pin is not None, ref)
-
-
-def _hub_path(knobs: Knobs, remote: bool) -> str:
-    home = knobs["HF_HOME"]
-    if home.startswith("~") and remote:
-        return home.rstrip("/") + "/hub"  # expanded on the worker at apply time
-    return os.path.join(os.path.expanduser(home), "hub")
-
-
-def _nodes(recipe: Recipe, knobs: Knobs) -> list[NodeSpec]:
-    if recipe.nodes:
-        return list(recipe.nodes)
-    nodes = [NodeSpec("head", None, knobs["MASTER_ADDR"], None, None, None)]
-    for i in range(1, recipe.required_nodes):
-        nodes.append(NodeSpec(f"worker{i}", "{WORKER_SSH}", FABRIC_IPS[i] if i < len(FABRIC_IPS) else None, None, None, None))
-    return nodes
-
-
-def _fill(value: str | None, knobs: Knobs, rank: int) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.format(rank=rank, **knobs.values)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise SparkstackError(f"cannot fill {value!r}: unknown placeholder {exc}") from None
-
-
-def _fill_checked(where: str | None, key: str, value: str | None, knobs: Knobs, rank: int) -> str | None:
-    """A node template filled for one rank, then checked like a literal (its placeholders were checked at load)."""
-    filled = _fill(value, knobs, rank)
-    if filled is not None and where is not None:
-        check_value(f"{where}: {key}=", filled, NODE_KINDS[key])
-    return filled
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's, when the argv sets none
 
 
 def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production",
                image: ImageFlag | None = None) -> LaunchPlan:
+    """The deployment of `recipe` in `environ`, then launch's argv for it."""
     if profile not in ("production", "lab"):
         raise SparkstackError(f"profile {profile!r}: expected production or lab")
-    knobs = resolve_knobs(recipe, environ, image)
-    notes = []
-    if "IMAGE" in knobs.from_env:
-        if image is not None:
-            notes.append("IMAGE is set in the environment: it wins over --image")
-        image_source, image = "env", None
-    else:
-        image_source = "flag" if image is not None else "recipe"
-    local_hub = Path(_hub_path(knobs, remote=False))
-    served = [_served("model", local_hub, knobs["MODEL_CACHE_NAME"], recipe.model, recipe.model_pin, notes)]
-    if recipe.drafter_cache_knob:
-        served.append(_served("drafter", local_hub, knobs[recipe.drafter_cache_knob], recipe.drafter_repo,
-                              recipe.drafter_pin, notes))
-    in_container = {s.label: f"{CONTAINER_HUB}/{s.cache_name}/snapshots/{s.revision or '<refs/main missing>'}"
-                    for s in served}
+    return plan_launch(plan_deployment(recipe, environ, image), environ, profile)
+
+
+def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str = "production") -> LaunchPlan:
+    """One `docker run` argv per rank of the deployment (`environ`: which secrets pass by name)."""
+    if profile not in ("production", "lab"):
+        raise SparkstackError(f"profile {profile!r}: expected production or lab")
+    recipe, knobs = deployment.recipe, deployment.knobs
+    in_container = {s.label: snapshot_text(CONTAINER_HUB, s.cache_name, s.revision or "<refs/main missing>")
+                    for s in deployment.served}
     model_path, drafter_path = in_container["model"], in_container.get("drafter")
     tail = tail_args(recipe, knobs, drafter_path)
-    nodes = _nodes(recipe, knobs)
-    nnodes = len(nodes)
+    nnodes = len(deployment.ranks)
     ranks = []
-    fabric_of: dict[str, int] = {}
-    for rank, node in enumerate(nodes):
-        where = f"{show_path(recipe.path)} [[nodes]] #{rank + 1}" if recipe.nodes else f"rank {rank}"
-        where += f" ({node.host})"
-        # A recipe's node templates are checked once filled; the built-in nodes hold knob values, already checked.
-        fill = functools.partial(_fill_checked, where if recipe.nodes else None, knobs=knobs, rank=rank)
-        ssh = fill("ssh", node.ssh) if rank else None
-        # One fabric address per rank: a worker silently borrowing the head's would announce the wrong host.
-        fabric_ip = fill("fabric_ip", node.fabric_ip)
-        if fabric_ip is None:
-            if nnodes > 1:
-                raise SparkstackError(f"{where}: no fabric_ip: with {nnodes} nodes every rank needs its own")
-            fabric_ip = knobs["MASTER_ADDR"]
-        if fabric_ip in fabric_of:
-            raise SparkstackError(f"{where}: fabric address {show(fabric_ip)} is also rank {fabric_of[fabric_ip]}'s: "
-                                  "every rank needs its own")
-        fabric_of[fabric_ip] = rank
-        nic, hca = fill("nic", node.nic) or knobs["CX_NIC"], fill("hca", node.hca) or knobs["CX_HCA"]
-        name = knobs["NAME"].replace("{rank}", str(rank))
-        hub = _hub_path(knobs, remote=ssh is not None)
-        secret = tuple(k for k in SECRET_ENV if k in environ) if rank == 0 else ()
-        argv = docker_run(recipe, knobs, rank, nnodes, name, hub, fabric_ip, nic, hca, model_path, tail, profile, secret)
-        engine = engine_argv(recipe, knobs, rank, nnodes, model_path, tail)
-        ranks.append(RankPlan(rank, node.host, ssh, fill("docker_host", node.docker_host), name, fabric_ip, nic, hca,
-                              hub, tuple(argv), secret, tuple(engine)))
-    revision = {s.label: s.revision for s in served}
-    return LaunchPlan(recipe, knobs, profile, knobs["IMAGE"], revision["model"], revision.get("drafter"), tuple(ranks),
-                      tuple(notes), image_source, image.config_digest if image else None,
-                      image.layout if image else None, tuple(served))
+    for r in deployment.ranks:
+        secret = tuple(k for k in SECRET_ENV if k in environ) if r.rank == 0 else ()
+        argv = docker_run(recipe, knobs, r.rank, nnodes, r.name, r.hub, r.fabric_ip, r.nic, r.hca, model_path, tail,
+                          profile, secret)
+        engine = engine_argv(recipe, knobs, r.rank, nnodes, model_path, tail)
+        ranks.append(RankPlan(r.rank, r.host, r.ssh, r.docker_host, r.name, r.fabric_ip, r.nic, r.hca, r.hub,
+                              tuple(argv), secret, tuple(engine)))
+    flag = "--gpu-memory-utilization"
+    head = ranks[0].docker_run
+    utilization = float(head[head.index(flag) + 1]) if flag in head else DEFAULT_GPU_MEMORY_UTILIZATION
+    return LaunchPlan(deployment, profile, tuple(ranks), utilization)
 
 
 def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,

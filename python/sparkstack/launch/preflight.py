@@ -18,12 +18,12 @@ from pathlib import Path
 
 from sparkstack.checkline import check_line
 from sparkstack.errors import SparkstackError
-from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, snapshot_dir, snapshot_state
+from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, ref_file, snapshot_dir, snapshot_state
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
 from sparkstack.safetensors_header import read_header
-from sparkstack.strip.mtp import is_mtp_key, num_hidden_layers
+from sparkstack.strip.mtp import mtp_keys, mtp_levels_left, num_hidden_layers
 from sparkstack.tune.facts import GIB, HostFacts, read_facts
 
 CHAT_TEMPLATE = "chat_template_mm.jinja"
@@ -128,7 +128,6 @@ class Thresholds:
     min_free_disk_gib: float = 5.0
 
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's, when the argv sets none
 
 
 def _read(root: Path, rel: str) -> str | None:
@@ -212,12 +211,6 @@ def check_ports(root: Path, ports: dict[str, int], rank: int) -> Check:
     return Check("ports", "pass", ", ".join(f"{n} {p} free" for n, p in ports.items()), rank)
 
 
-def gpu_memory_utilization(plan: LaunchPlan) -> float:
-    args = plan.ranks[0].docker_run
-    flag = "--gpu-memory-utilization"
-    return float(args[args.index(flag) + 1]) if flag in args else DEFAULT_GPU_MEMORY_UTILIZATION
-
-
 def check_memory(facts: HostFacts, utilization: float, gpu_memory_gib: float, rank: int) -> Check:
     """vLLM's own rule: it refuses to start when free memory is under utilization x the GPU's memory."""
     avail, need = facts.memory.available, utilization * gpu_memory_gib * GIB
@@ -234,7 +227,7 @@ def check_memory(facts: HostFacts, utilization: float, gpu_memory_gib: float, ra
 
 def host_checks(facts: HostFacts, plan: LaunchPlan, rank: int) -> list[Check]:
     """The facts `sparkstack tune` sets, and free memory by vLLM's rule, on one rank."""
-    checks = [check_memory(facts, gpu_memory_utilization(plan), plan.recipe.gpu_memory_gib, rank)]
+    checks = [check_memory(facts, plan.gpu_memory_utilization, plan.recipe.gpu_memory_gib, rank)]
     if facts.swappiness != "0":
         checks.append(Check("swappiness", "fail", f"vm.swappiness is {facts.swappiness or 'unreadable'}; set 0 "
                                                   "(`sparkstack tune`)", rank))
@@ -286,7 +279,7 @@ def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
 def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool) -> list[Check]:
     """The snapshot exists and every shard the index names is there, at the size its header implies."""
     if revision is None:
-        return [Check(f"{label}-snapshot", "fail", f"{hub / cache_name}/refs/main is missing or unreadable")]
+        return [Check(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable")]
     state = snapshot_state(hub / cache_name, revision)
     checks = [Check(f"{label}-snapshot", "pass" if state.complete else "fail", state.detail)]
     if state.complete and want_template:
@@ -323,19 +316,18 @@ def _mtp_strip_check(snap: Path, config: dict | None, state: SnapshotState) -> C
     """The served snapshot must be stripped: the loader reads every shard file, so MTP tensors on disk still load."""
     if config is None:
         return Check("mtp-strip", "fail", f"{snap / 'config.json'} is missing or not a JSON object")
-    levels = {"config.json": config}
-    if isinstance(config.get("text_config"), dict):
-        levels["text_config"] = config["text_config"]
-    left = [f"{where} num_nextn_predict_layers = {level.get('num_nextn_predict_layers', 'unset')}"
-            for where, level in levels.items()
-            if level.get("num_nextn_predict_layers") != 0 or isinstance(level.get("num_nextn_predict_layers"), bool)]
+    left = mtp_levels_left(config)  # strip's own rule
     if left:
         return Check("mtp-strip", "fail", f"{'; '.join(left)}, not 0: MTP is not stripped (run `sparkstack strip`)")
     try:
         layers = num_hidden_layers(config).value
         shards = sorted(f for f in state.files if f.endswith(".safetensors"))
         for shard in shards:
-            keys = [t.name for t in read_header(snap / shard, shard).tensors if is_mtp_key(t.name, layers)]
+            # the names snapshot_state read already; a shard the index does not name is read here
+            names = state.tensor_names.get(shard)
+            if names is None:
+                names = [t.name for t in read_header(snap / shard, shard).tensors]
+            keys = mtp_keys(names, layers)
             if keys:
                 return Check("mtp-strip", "fail", f"{shard} still holds {len(keys)} MTP tensor(s), e.g. {keys[0]} "
                                                   "(the loader reads every shard file; run `sparkstack strip` without --index-only)")
@@ -531,7 +523,3 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
         for c in checks:
             on_check(c)
     return checks
-
-
-def runner_for(rank: RankPlan, ssh_config: Path | None) -> Runner:
-    return Runner(ssh=rank.ssh, ssh_config=ssh_config, docker_host=rank.docker_host)

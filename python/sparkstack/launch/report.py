@@ -4,21 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from sparkstack.errors import UsageError
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.preflight import Check
-
-ACTIONS = ("all", "stop", "status")
-
-
-def select_ranks(plan: LaunchPlan, target: str, actions: tuple[str, ...] = ACTIONS) -> list[RankPlan]:
-    """The ranks a TARGET names: one rank number, or `all` (`actions`: the other words the command takes)."""
-    if target == "all":
-        return list(plan.ranks)
-    if target.isascii() and target.isdigit() and str(int(target)) == target and int(target) < len(plan.ranks):
-        return [plan.ranks[int(target)]]
-    raise UsageError(f"TARGET must be a rank (0..{len(plan.ranks) - 1}), {', '.join(actions)}; got {target!r}")
-
+from sparkstack.launch.timeline import timeline_lines
 
 def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],
                      drop_caches: bool) -> dict:
@@ -68,3 +56,33 @@ def preflight_verdict(checks: list[Check]) -> str | None:
     if not failed:
         return None
     return f"preflight failed ({len(failed)}): {failed[0].line().strip()}"
+
+
+def stop_lines(cmds: list[tuple[int, str, list[str]]]) -> list[str]:
+    """`launch stop --dry-run`: what would run where."""
+    return [f"would run on {on} (rank {r}): {' '.join(argv)}" for r, on, argv in cmds]
+
+
+def boot_lines(run: str, boot: dict | None) -> list[str]:
+    """A run's boot: its readiness times, then the per-rank timeline and the KV pool."""
+    if boot is None:
+        return [f"last run {run}: no boot watched (the head was not started)"]
+    return [f"run {run}: port open {boot['port_open_s']} s, /health {boot['health_s']} s, first token {boot['ttft_s']} s",
+            *timeline_lines(boot.get("timeline", []), boot.get("kv_pool"))]
+
+
+def status_lines(rows: list[dict], last_run: dict | None) -> list[str]:
+    """`launch status`: one line per rank, then the last run's boot."""
+    lines = [" ".join(f"{k}={v}" for k, v in row.items()) for row in rows]
+    if last_run:
+        lines += boot_lines(last_run["id"], last_run.get("boot"))
+    return lines
+
+
+def started_lines(run) -> list[str]:
+    """What a launch started (launch.apply.Started): the boot, the memory guard, the run record."""
+    lines = boot_lines(run.record.stem, run.boot.to_json()) if run.boot is not None else []
+    if run.guard is not None:
+        lines.append(f"memory guard: stopped with the boot watch; acted {len(run.guard.fired)} time(s)")
+    lines.append(f"run record: {run.record}")
+    return lines

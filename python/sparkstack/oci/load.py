@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import tarfile
 import threading
 import time
@@ -24,6 +23,7 @@ from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.oci.model import CONTAINERD_NAME, Image, digest_hex
 from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchive, open_image
 from sparkstack.remote import Runner, failure_line
+from sparkstack.units import human_bytes
 
 ENGINES = ("docker", "podman")
 CHUNK = 1 << 20
@@ -91,6 +91,17 @@ class LoadPlan:
                 "manifest_digest": self.manifest_digest,
                 "layers": [{"digest": d, "size": s} for d, s in self.layers], "action": self.action,
                 "bytes_to_send": self.bytes_to_send, "load_argv": list(self.load_argv)}
+
+    def lines(self) -> list[str]:
+        """The human form (`image load --dry-run`)."""
+        if self.up_to_date:
+            return [f"up to date: {self.engine} on {self.where} holds {self.name or self.config_digest} "
+                    f"as {self.config_digest}"]
+        lines = [f"would {self.action} {self.name or '(untagged)'} into {self.engine} on {self.where}: "
+                 f"image ID {self.config_digest}, {len(self.layers)} layers, {human_bytes(self.bytes_to_send)}"]
+        if self.action == "load":
+            lines.append(f"  stream into: {' '.join(self.load_argv)}")
+        return lines
 
 
 def _checked_name(name: str, src: BlobSource) -> str:
@@ -230,17 +241,13 @@ class LoadResult:
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
-
-def _popen(argv: list[str]) -> subprocess.Popen:
-    """Start the loader with plumbum (the local end of the pipeline), stdin a pipe we feed."""
-    from plumbum import local
-    from plumbum.commands.processes import CommandNotFound
-
-    try:
-        cmd = local[argv[0]][argv[1:]]
-    except CommandNotFound:
-        raise SparkstackError(f"{argv[0]}: not installed here") from None
-    return cmd.popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def lines(self, plan: LoadPlan) -> list[str]:
+        """The human form of what a load did."""
+        if plan.up_to_date:
+            return [f"up to date: {plan.engine} on {plan.where} holds {plan.name or plan.config_digest} as {self.image_id}"]
+        verb = "loaded" if plan.action == "load" else "tagged"
+        return [f"{verb} {plan.name or '(untagged)'} into {plan.engine} on {plan.where}: image ID {self.image_id}"
+                + (f" ({human_bytes(self.bytes_sent)} streamed in {self.seconds:.1f} s)" if self.bytes_sent else "")]
 
 
 def _drain(stream, sink: list[bytes]) -> threading.Thread:
@@ -253,7 +260,7 @@ def stream_into(argv: list[str], write: Callable[[BinaryIO], int]) -> tuple[int,
     """Run `argv` and feed its stdin with `write`. Returns (bytes written, the loader's output).
 
     If `write` fails, the loader is killed before the stream can end cleanly."""
-    proc = _popen(argv)
+    proc = Runner().popen(argv)  # argv is whole already (ssh included): run it here
     out: list[bytes] = []
     err: list[bytes] = []
     threads = [_drain(proc.stdout, out), _drain(proc.stderr, err)]

@@ -25,6 +25,7 @@ from sparkstack import fsio
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.oci.model import INDEX_V1, OCI_EQUIVALENT, digest_hex
 from sparkstack.oci.registry import INDEX_TYPES, MANIFEST_TYPES, Manifest, Registry, Reference, parse_reference
+from sparkstack.units import human_bytes
 
 DEFAULT_PLATFORM = "linux/arm64"
 PINS_RELPATH = Path("nix") / "pins.json"
@@ -286,6 +287,20 @@ class PinBasePlan:
     def to_json(self) -> dict:
         return {"pins_file": str(self.pins_path), "up_to_date": self.up_to_date, "changes": list(self.changes),
                 "pins": self.pins.to_json()}
+
+    def lines(self, dry_run: bool) -> list[str]:
+        """The human form of `pin base`: what is (or would be) written, what changed, each platform's pin."""
+        path, pins = self.pins_path, self.pins
+        if self.up_to_date:
+            return [f"up to date: {path} ({pins.reference} = {pins.resolved.digest})"]
+        if dry_run:
+            lines = [f"would write {path}:", *pins.to_bytes().decode().splitlines()]
+        else:
+            lines = [f"wrote {path}: {pins.reference} = {pins.resolved.digest}"]
+        lines += [f"  {change}" for change in self.changes]
+        lines += [f"  {name}: manifest {p.manifest.digest}, config {p.config.digest}, {len(p.layers)} layers, "
+                  f"{human_bytes(sum(l.size for l in p.layers))}" for name, p in pins.platforms]
+        return lines
 
 
 def claim_pins_file(path: Path) -> Pins | None:

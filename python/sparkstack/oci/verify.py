@@ -17,6 +17,30 @@ from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchi
 
 
 @dataclass(frozen=True)
+class VerifyPlan:
+    """What `image verify` would check, from the image's documents alone: no layer is hashed."""
+
+    path: Path
+    image: Image
+
+    @property
+    def bytes_to_check(self) -> int:
+        return sum(layer.size for layer in self.image.layers)
+
+    def to_json(self) -> dict:
+        img = self.image
+        return {"path": str(self.path), "config_digest": img.config_digest, "manifest_digest": img.manifest_digest,
+                "layers": [{"digest": l.digest, "size": l.size, "diff_id": l.diff_id} for l in img.layers]}
+
+
+def plan_verify(path: Path, platform: str | None) -> VerifyPlan:
+    """Read the image's documents (index, manifest, config) and close it again."""
+    src, img = open_image(path, platform)
+    src.close()
+    return VerifyPlan(path, img)
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     path: str
     config_digest: str

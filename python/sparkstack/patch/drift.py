@@ -68,6 +68,21 @@ class Drift:
         """The steps a build cannot apply."""
         return [r.name for r in self.steps if r.status in ("drifted", "gone")]
 
+    def lines(self) -> list[str]:
+        """The human drift report: each step, its edits that did not apply cleanly, each install target."""
+        lines = []
+        for r in self.steps:
+            lines.append(f"{r.status:<10} {r.name}  ({r.method}: {r.detail})")
+            for e in r.edits:
+                if e.status == "drifted":
+                    lines.append(f"  drifted edit {e.marker or '(no marker)'} in {e.file}:")
+                    lines += ["    " + l for l in e.diff.splitlines()]
+                elif e.status in ("gone", "applied"):
+                    said = e.diff if e.status == "gone" else "marker already there"
+                    lines.append(f"  {e.status} edit {e.marker or '(no marker)'} in {e.file}: {said}")
+        lines += [f"{i.status:<10} install {i.dest}  ({i.detail})" for i in self.installs]
+        return lines
+
 
 class _NotLiteral(Exception):
     pass
@@ -239,6 +254,24 @@ def install_reports(base_files: dict[str, bytes | None], overlay: Overlay, sourc
             out.append(InstallReport(inst.dest, "present-upstream", f"the base's vLLM ships its own ({len(theirs):,} B, "
                                      f"the overlay's is {len(ours):,} B): a build would replace it"))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """What `patch check` would do, from overlay.toml alone: the steps, and the base files they read."""
+
+    base: Path
+    steps: tuple[str, ...]
+    extract: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"base": str(self.base), "steps": list(self.steps), "extract": list(self.extract)}
+
+
+def plan_check(base: Path, overlay_dir: Path, extra_steps: tuple[str, ...]) -> CheckPlan:
+    overlay = load_overlay(overlay_dir)
+    steps = overlay.enabled_steps(extra_steps)
+    return CheckPlan(base, tuple(s.name for s in steps), tuple(needed_paths(overlay, steps)))
 
 
 def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platform: str = "linux/arm64",

@@ -45,6 +45,13 @@ class PinPlan:
                 "changes": [{"table": c.table, "position": c.position, "file": c.file, "old": c.old, "new": c.new}
                             for c in self.changes]}
 
+    def lines(self, dry_run: bool) -> list[str]:
+        """The human form of `pin overlay`: each change, then what was written."""
+        if self.up_to_date:
+            return [f"up to date: {self.overlay_toml}"]
+        lines = [f"{'would pin' if dry_run else 'pinned'} {ch.file}: {ch.old} -> {ch.new}" for ch in self.changes]
+        return lines if dry_run else [*lines, f"wrote {self.overlay_toml}"]
+
 
 def _refuse_installed_copy(path: Path) -> None:
     root = shipped.installed_copy_root(path)

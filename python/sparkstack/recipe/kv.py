@@ -31,6 +31,16 @@ class KvPlan:
             "page_unification": {"ok": self.page_unification.ok, "reason": self.page_unification.reason},
         }
 
+    def lines(self) -> list[str]:
+        """The human form (`plan kv`): the tokens the pool buys, then page unification."""
+        if self.tokens is None:
+            first = f"tokens: unknown ({'no KV bytes given' if self.kv_bytes is None else 'no measured per-token cost'})"
+        else:
+            first = (f"{self.kv_bytes:,} B / {self.per_token_bytes:,.2f} B per token = {self.tokens:,} tokens "
+                     f"= {self.coverage:.2f}x max-model-len {self.max_model_len:,}")
+        pu = self.page_unification
+        return [first, f"page unification: {'ok' if pu.ok else 'unknown' if pu.ok is None else 'FAILS'}: {pu.reason}"]
+
 
 def per_token_bytes(kv: KvGeometry) -> float | None:
     """The measured cost of one token of KV across the whole pool (all layers, both ranks' minimum)."""

@@ -8,16 +8,21 @@ corrupt is dropped there and sent once more. A host's failure is its own: the ot
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from sparkstack.deploy import Deployment
 from sparkstack.errors import SparkstackError
+from sparkstack.remote import Runner
 from sparkstack.ship import wire
+from sparkstack.ship.local import entries_to_ship, remember_image, resolve_image, targets_from
 from sparkstack.ship.plan import (
-    Blob, EntryToShip, HostPlan, ImageToShip, Inventory, ShipPlan, Target, plan_ship,
+    Blob, EntryToShip, HostPlan, ImageToShip, Inventory, ShipPlan, Target, default_streams, plan_ship,
 )
 
 Progress = Callable[[str, int], None]
@@ -70,6 +75,19 @@ def probe(targets: tuple[Target, ...], image: ImageToShip | None, entries: tuple
 def plan_with_probe(image: ImageToShip | None, entries: tuple[EntryToShip, ...], targets: tuple[Target, ...],
                     streams: int, readonly: bool) -> ShipPlan:
     return plan_ship(image, entries, targets, probe(targets, image, entries, readonly), streams)
+
+
+def plan_deployment_ship(deployment: Deployment, hosts: tuple[str, ...], via: str | None, ssh_config: Path | None,
+                         image_arg: str | None, no_image: bool, models: tuple[str, ...], no_weights: bool,
+                         streams: int | None, platform: str | None, readonly: bool) -> ShipPlan:
+    """`sparkstack ship`'s plan: the targets (recipe nodes by name, else plain ssh targets; default: every worker),
+    the image (--image, else the one launch would run), the cache entries (--model, else the recipe's model and
+    drafter) and what each host lacks of them (asked read-only with `readonly`)."""
+    targets = targets_from(deployment, hosts, via, ssh_config)
+    head = Runner(docker_host=deployment.ranks[0].docker_host)
+    image = None if no_image else resolve_image(image_arg or deployment.image, image_arg is not None, head, platform)
+    entries = () if no_weights else entries_to_ship(deployment.local_hub, models or deployment.cache_names)
+    return plan_with_probe(image, entries, targets, streams or default_streams(os.cpu_count()), readonly=readonly)
 
 
 # ---------------------------------------------------------------- results
@@ -267,3 +285,10 @@ def ship_host(plan: ShipPlan, host: HostPlan, t0: float, on_progress: Progress |
 def apply_ship(plan: ShipPlan, on_progress: Progress | None = None) -> ShipResult:
     t0 = time.monotonic()
     return ShipResult(tuple(_in_parallel(list(plan.hosts), lambda h: ship_host(plan, h, t0, on_progress))))
+
+
+def apply_ship_recorded(plan: ShipPlan, on_progress: Progress | None = None) -> tuple[ShipResult, str | None]:
+    """Record the image in the head's store first (so `--image DIGEST` finds it later), then ship. Returns the
+    result and the store's line (None when the store had the image already, or no image is shipped)."""
+    note = remember_image(plan.image) if plan.image is not None else None
+    return apply_ship(plan, on_progress), note

@@ -16,8 +16,9 @@ import re
 from pathlib import Path
 
 from sparkstack import fsio
+from sparkstack.deploy import Deployment
 from sparkstack.errors import SparkstackError, UsageError
-from sparkstack.hfcache import entry_for_copy, hub_of
+from sparkstack.hfcache import entry_for_copy, hub_path
 from sparkstack.oci.load import image_name
 from sparkstack.oci.model import CONTAINERD_NAME, MANIFEST_V1, canonical_json, digest_hex, sha256_digest
 from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchive, open_image
@@ -194,7 +195,7 @@ def make_target(host: str, ssh: str, hub_home: str, docker_host: str | None, fab
         if not fabric_ip:
             raise UsageError(f"--via fabric: {host} has no fabric address (only recipe nodes have one)")
         runner = runner.via(fabric_ip, host_key_alias(ssh, ssh_config))
-    return Target(host, runner, chosen, hub_of(hub_home), docker_host)
+    return Target(host, runner, chosen, hub_path(hub_home, remote=True), docker_host)
 
 
 def _plain_target(value: str) -> str:
@@ -204,13 +205,13 @@ def _plain_target(value: str) -> str:
     return value
 
 
-def targets_from(launch_plan, hosts: tuple[str, ...], via: str | None, ssh_config: Path | None) -> tuple[Target, ...]:
+def targets_from(deployment: Deployment, hosts: tuple[str, ...], via: str | None, ssh_config: Path | None) -> tuple[Target, ...]:
     """HOSTs by recipe node name (a plain ssh target otherwise); by default every worker node of the recipe."""
-    ranks = {r.host: r for r in launch_plan.ranks}
-    names = hosts or tuple(r.host for r in launch_plan.ranks if r.rank != 0)
+    ranks = {r.host: r for r in deployment.ranks}
+    names = hosts or tuple(r.host for r in deployment.ranks if r.rank != 0)
     if not names:
         raise UsageError("the recipe has no worker nodes; name the hosts to ship to")
-    home = launch_plan.knobs["HF_HOME"]
+    home = deployment.knobs["HF_HOME"]
     out = []
     for name in dict.fromkeys(names):
         rank = ranks.get(name)
@@ -223,14 +224,3 @@ def targets_from(launch_plan, hosts: tuple[str, ...], via: str | None, ssh_confi
     return tuple(out)
 
 
-def default_entries(launch_plan) -> tuple[str, ...]:
-    """The recipe's model and drafter cache entries (MODEL_CACHE_NAME and the drafter's knob)."""
-    knobs, recipe = launch_plan.knobs, launch_plan.recipe
-    names = [knobs["MODEL_CACHE_NAME"]]
-    if recipe.drafter_cache_knob:
-        names.append(knobs[recipe.drafter_cache_knob])
-    return tuple(names)
-
-
-def local_hub(launch_plan) -> Path:
-    return Path(hub_of(os.path.expanduser(launch_plan.knobs["HF_HOME"])))

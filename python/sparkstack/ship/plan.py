@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sparkstack.hfcache import EntryLayout
 from sparkstack.remote import Runner
+from sparkstack.units import human_bytes
 
 
 def default_streams(cpus: int | None) -> int:
@@ -204,15 +205,6 @@ class ShipPlan:
                 "streams": self.streams, "hosts": [h.to_json() for h in self.hosts]}
 
 
-def human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
 def _split(blobs: tuple[Blob, ...], inv: Inventory) -> tuple[tuple[Blob, ...], tuple[Blob, ...]]:
     send = tuple(b for b in blobs if inv.blobs.get(b.key, BlobState("missing")).state != "present")
     present = tuple(b for b in blobs if b not in send)
@@ -260,8 +252,8 @@ def _check_room(plan: HostPlan, inv: Inventory) -> HostPlan:
     short = [(at, n, free) for at, n, free in rows if n > free]
     if short:
         at, n, free = short[0]
-        error = (f"not enough room on {at}: {human(n)} must be written but {human(free)} is free "
-                 f"({human(have)} already there was not counted)")
+        error = (f"not enough room on {at}: {human_bytes(n, 'GiB')} must be written but {human_bytes(free, 'GiB')} is free "
+                 f"({human_bytes(have, 'GiB')} already there was not counted)")
         return HostPlan(plan.target, error, plan.image, plan.weights, rows)
     return HostPlan(plan.target, None, plan.image, plan.weights, rows)
 

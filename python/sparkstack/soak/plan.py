@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..deploy import Deployment
 from ..errors import UsageError
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -39,10 +40,10 @@ def human_duration(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class ContainerWatch:
-    """The head rank of a launch plan when the URL is its API port on this host: its container start time is
-    a second restart signal. `launch_plan` is launch's frozen plan, cut to the head rank."""
+    """The head rank of the deployment when the URL is its API port on this host: its container start time is
+    a second restart signal. `deployment` is deploy's frozen plan, cut to the head rank."""
     name: str
-    launch_plan: object
+    deployment: Deployment
 
 
 @dataclass(frozen=True)
@@ -94,32 +95,32 @@ def is_this_host(hostname: str) -> bool:
     return hostname in LOOPBACK or hostname.startswith("127.") or hostname == socket.gethostname()
 
 
-def container_watch(url: str, launch_plan) -> tuple[ContainerWatch | None, str]:
+def container_watch(url: str, deployment: Deployment) -> tuple[ContainerWatch | None, str]:
     """Watch the head's container when the URL is the plan's API port on this host and the head runs here."""
     parts = urlsplit(url)
-    head = launch_plan.ranks[0]
+    head = deployment.ranks[0]
     port = parts.port or (443 if parts.scheme == "https" else 80)
     if head.ssh is not None:
         return None, f"not watched: the recipe's head ({head.host}) is not this host"
-    if not is_this_host(parts.hostname or "") or port != launch_plan.api_port:
-        return None, f"not watched: {url} is not the recipe's API port {launch_plan.api_port} on this host"
+    if not is_this_host(parts.hostname or "") or port != deployment.api_port:
+        return None, f"not watched: {url} is not the recipe's API port {deployment.api_port} on this host"
     import dataclasses  # the plan cut to the head: status() asks only its docker, never a worker over ssh
 
-    return (ContainerWatch(head.name, dataclasses.replace(launch_plan, ranks=(head,))),
+    return (ContainerWatch(head.name, dataclasses.replace(deployment, ranks=(head,))),
             f"container {head.name} watched once per window (launch status)")
 
 
 def build_plan(url: str, *, duration_s: float, concurrency: int, categories: tuple[str, ...], window_s: float,
                max_requests: int | None, log: Path, health_interval_s: float, dead_after_s: float, max_tokens: int,
                temperature: float, top_p: float, model: str | None, request_timeout_s: float,
-               launch_plan=None) -> SoakPlan:
+               deployment: Deployment | None = None) -> SoakPlan:
     if not 0 < top_p <= 1:  # as bench: top_p 0 keeps no token
         raise UsageError(f"--top-p {top_p:g}: must be in (0, 1]")
     window_s = min(window_s, duration_s)
     if health_interval_s > window_s:
         raise UsageError("--health-interval must not be longer than --window")
     cap = max_requests if max_requests is not None else max(1, math.ceil(duration_s * concurrency * CAP_PER_STREAM_S))
-    watch, note = (None, "not watched: no --recipe") if launch_plan is None else container_watch(url, launch_plan)
+    watch, note = (None, "not watched: no --recipe") if deployment is None else container_watch(url, deployment)
     return SoakPlan(url, duration_s, concurrency, categories, window_s, cap, max_requests is not None, log,
                     health_interval_s, dead_after_s, max_tokens, temperature, top_p, model, request_timeout_s,
                     watch, note)

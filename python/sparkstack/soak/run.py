@@ -248,12 +248,12 @@ class Soak:
 
     def _container_start(self) -> float | None:
         """The head container's start time (epoch s) from launch's status; None when not running or unknown."""
+        from ..deploy import runner_for
         from ..launch import apply as launch_apply
-        from ..launch.preflight import runner_for
 
-        lp = self.plan.container.launch_plan
+        d = self.plan.container.deployment
         try:
-            rows, _ = launch_apply.status(lp, {lp.ranks[0].rank: runner_for(lp.ranks[0], None)})
+            rows, _ = launch_apply.status(d, {d.ranks[0].rank: runner_for(d.ranks[0], None)})
         except (SparkstackError, OSError):
             return None
         row = rows[0]

@@ -14,6 +14,7 @@ from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import blob_is_intact, blobs_dir, git_blob_name, publish_snapshot, snapshot_dir, snapshot_link_target
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.plan import COMMAND, FORMAT_VERSION, ShardPlan, StripPlan, is_up_to_date
+from sparkstack.units import human_bytes
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,16 @@ class StripResult:
             "copy_method": self.copy_method,
             "files": [{"file": f.relpath, "how": f.how, "size": f.size, "blob": f.blob} for f in self.files],
         }
+
+    def lines(self, plan: StripPlan) -> list[str]:
+        """The human form of what a strip wrote."""
+        at = f" @ {self.revision}" if self.revision else ""
+        if self.up_to_date:
+            return [f"up to date: {self.dest}{at}"]
+        counts = {how: sum(1 for f in self.files if f.how == how) for how in ("rewrite", "link", "copy", "new")}
+        return [f"wrote {self.dest}{at}",
+                "  " + ", ".join(f"{n} {how}" for how, n in counts.items() if n)
+                + f"; {human_bytes(plan.bytes_to_write)} written, {human_bytes(plan.bytes_freed)} freed"]
 
 
 def apply_plan(plan: StripPlan, on_progress: Callable[[int], None] | None = None,

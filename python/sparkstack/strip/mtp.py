@@ -77,6 +77,22 @@ def num_hidden_layers(config: dict[str, Any], path: str = "config.json") -> Laye
     return LayerCount(value, where)
 
 
+def mtp_keys(names: Iterable[str], num_hidden_layers: int) -> list[str]:
+    """The MTP tensors among `names`, in their order (what strip drops)."""
+    return [name for name in names if is_mtp_key(name, num_hidden_layers)]
+
+
+def mtp_levels_left(config: dict[str, Any]) -> list[str]:
+    """The config levels (top, text_config) where MTP is not switched off as config_without_mtp leaves it:
+    `<where> num_nextn_predict_layers = <value>` for each; [] when stripped."""
+    levels = {"config.json": config}
+    if isinstance(config.get("text_config"), dict):
+        levels["text_config"] = config["text_config"]
+    return [f"{where} num_nextn_predict_layers = {level.get('num_nextn_predict_layers', 'unset')}"
+            for where, level in levels.items()
+            if level.get("num_nextn_predict_layers") != 0 or isinstance(level.get("num_nextn_predict_layers"), bool)]
+
+
 def config_without_mtp(config: dict[str, Any]) -> dict[str, Any]:
     """Return a copy with MTP switched off at the top level and, when present, inside text_config."""
     edited = dict(config)

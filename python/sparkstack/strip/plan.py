@@ -15,6 +15,7 @@ from sparkstack.hfcache import ModelSource, SourceFile, read_ref, snapshot_dir
 from sparkstack.safetensors_header import (JsonRefused, ShardHeader, TensorEntry, encode_header, json_kind,
                                            read_header, show, strict_json)
 from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers, numbered_outside_text_stack
+from sparkstack.units import human_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -293,3 +294,26 @@ def is_up_to_date(dest: Destination, fingerprint: str, at_main: bool = True) -> 
         except (OSError, TypeError, ValueError):
             return False
     return True
+
+
+def plan_lines(plan: StripPlan) -> list[str]:
+    """The human form of a strip plan (`strip --dry-run`)."""
+    lines = []
+    src = plan.source
+    lines.append(f"source: {src.root}" + (f" @ {src.revision}" if src.revision else ""))
+    lines.append(f"dest:   {plan.dest.root}" + (" (up to date)" if plan.up_to_date else ""))
+    lines.append(f"num_hidden_layers: {plan.num_layers} ({plan.num_layers_source})")
+    keys = plan.mtp_keys
+    lines.append(f"MTP tensors: {len(keys)}")
+    for k in keys[:8]:
+        lines.append(f"  {k}")
+    if len(keys) > 8:
+        lines.append(f"  ... and {len(keys) - 8} more")
+    for s in plan.shards:
+        detail = f"{human_bytes(s.source.size)}"
+        if s.action != "link":
+            detail += f" -> {human_bytes(s.out_size)}, drops {len(s.dropped)} tensors"
+        lines.append(f"  {s.action:<8} {s.relpath}  {detail}")
+    lines.append(f"new files: {', '.join(n for n, _ in plan.new_files)}; carried as links: {len(plan.carried)}")
+    lines.append(f"bytes to write: {human_bytes(plan.bytes_to_write)}; bytes freed: {human_bytes(plan.bytes_freed)}")
+    return lines

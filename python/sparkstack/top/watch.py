@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Iterator
 
+from ..deploy import Deployment
 from ..endpoint.client import Endpoint, EndpointError, printable
 from ..errors import SparkstackError
 from .sample import History
@@ -53,13 +54,12 @@ def follow(ep: Endpoint, interval_s: float) -> Iterator[tuple[History, str]]:
         time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
 
 
-def kv_pool(recipe: str | None) -> tuple[int | None, str]:
+def kv_pool(deployment: Deployment | None) -> tuple[int | None, str]:
     """The KV pool in tokens that the recipe's pin buys (launch's KV plan), and a note when unknown."""
-    if recipe is None:
+    if deployment is None:
         return None, "pool: give --recipe"
     from ..launch.kv import kv_plan
-    from ..launch.plan import build_plan
-    from ..recipe import load_recipe
+    from ..launch.plan import plan_launch
 
-    kv = kv_plan(build_plan(load_recipe(recipe), os.environ))
+    kv = kv_plan(plan_launch(deployment, os.environ))
     return kv.tokens, "" if kv.tokens is not None else "pool: unknown for this recipe (no KV pin or per-token cost)"

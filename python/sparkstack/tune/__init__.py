@@ -1,4 +1,5 @@
 """Host tuning (`sparkstack tune`): facts.py reads a rank's host facts, plan.py says what differs, apply.py acts.
 
-Kept empty of imports: launch's preflight reads tune.facts, and tune's plan reads launch's plan.
+Kept empty of imports. tune stands below launch: its plan reads deploy's Deployment, and launch's preflight,
+guard and --drop-caches read tune.facts and tune.pagecache.
 """

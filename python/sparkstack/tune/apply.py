@@ -10,14 +10,14 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
-from sparkstack.launch.apply import drop_page_cache
 from sparkstack.remote import Runner, failure_line, sudo_refused
+from sparkstack.tune.pagecache import drop_page_cache
 from sparkstack.tune.plan import RankTune, Step, TunePlan
 
 
 def _run_step(step: Step, runner: Runner) -> tuple[list[str], subprocess.CompletedProcess] | None:
     if step.name == "page-cache":
-        return drop_page_cache(runner)  # launch's own drop-caches code
+        return drop_page_cache(runner)  # the same drop launch's --drop-caches runs
     for command in step.commands:
         proc = runner.run_as_root(list(command.argv), timeout=300, input=command.input)
         if proc.returncode != 0:

@@ -11,13 +11,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack.launch.apply import DROP_CACHES
-from sparkstack.launch.plan import LaunchPlan
-from sparkstack.launch.preflight import runner_for
-from sparkstack.launch.report import select_ranks
+from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.remote import Runner
 from sparkstack.tune import facts as hostfacts
 from sparkstack.tune.facts import GIB, WRITTEN_BY, HostFacts
+from sparkstack.tune.pagecache import DROP_CACHES
 
 PAGE_CACHE_DROP_BYTES = 2 * GIB  # less than this in the page cache is not worth a drop
 SWAPPINESS_FILE_TEXT = (f"{WRITTEN_BY}: unified memory must not swap (vm.swappiness 0 does not survive a reboot "
@@ -38,7 +36,7 @@ class Step:
     name: str  # swappiness | swappiness-persisted | persistence-mode | clock-cap | page-cache
     now: str
     want: str
-    commands: tuple[Command, ...]  # run as root, in order (page-cache: launch's drop-caches code runs these)
+    commands: tuple[Command, ...]  # run as root, in order (page-cache: tune.pagecache runs these)
     by_hand: str  # the same as one shell line, for a user to run themselves
 
     def to_json(self) -> dict:
@@ -167,7 +165,7 @@ def plan_rank(rank: int, host: str, facts: HostFacts, sudo: bool, clock_cap: str
     return RankTune(rank, host, facts.where, sudo, facts, tuple(steps), tuple(notes), tuple(problems))
 
 
-def plan_tune(plan: LaunchPlan, target: str, host_root: Path, ssh_config: Path | None) -> tuple[TunePlan, dict[int, Runner]]:
+def plan_tune(plan: Deployment, target: str, host_root: Path, ssh_config: Path | None) -> tuple[TunePlan, dict[int, Runner]]:
     """Read every selected rank's facts (read-only) and plan; also returns the runners apply uses."""
     root = str(host_root.absolute())
     ranks, runners = [], {}
@@ -176,3 +174,15 @@ def plan_tune(plan: LaunchPlan, target: str, host_root: Path, ssh_config: Path |
         ranks.append(plan_rank(rank.rank, rank.host, hostfacts.read_facts(runner, root), runner.sudo,
                                plan.recipe.clock_cap))
     return TunePlan(plan.recipe.name, plan.recipe.clock_cap, root, tuple(ranks)), runners
+
+
+def plan_lines(plan: TunePlan) -> list[str]:
+    """The human form of a tune plan (`tune --dry-run`)."""
+    lines = []
+    for r in plan.ranks:
+        who = f"rank {r.rank} ({r.host}, {r.where}{', sudo -n' if r.sudo else ''})"
+        lines.append(f"{who}: up to date" if r.up_to_date else f"{who}:")
+        lines += [f"  {s.name}: {s.now} -> {s.want}" for s in r.steps]
+        lines += [f"  problem: {p}" for p in r.problems]
+        lines += [f"  note: {n}" for n in r.notes]
+    return lines
