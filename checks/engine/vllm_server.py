@@ -45,7 +45,10 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model),
                      "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port),
-                     "--dtype", "float32", "--max-model-len", "8192", "--enable-prefix-caching", *extra]
+                     "--dtype", "float32", "--max-model-len", "8192", "--enable-prefix-caching",
+                     # no torch.compile: its C++ builds cost about 30 s of a core per boot (three boots a run, on a
+                     # 2-core CI), and nothing here measures compiled speed; the Sparks' own EAGER knob does the same
+                     "--enforce-eager", *extra]
         self.pidfile = workdir / "server.pid"
         self.log = workdir / "server.log"
         self.proc: subprocess.Popen | None = None

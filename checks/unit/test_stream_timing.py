@@ -66,3 +66,32 @@ def test_the_threshold_is_the_union_bound():
         eps = math.exp(stats.implausible_logprob(n, t))
         assert math.isclose(n * v * (v * eps) ** (1 / max(t, 1.0)), 1e-6, rel_tol=1e-9)
     assert stats.implausible_tokens([-113.0, -0.1, float("-inf"), float("nan")]) == 2
+
+
+def test_chunks_that_do_not_time_the_decode_give_no_itl_even_when_their_gaps_look_plausible():
+    """Seen on the real vLLM under load with --stream-interval 8: the chunks came in a burst (0.022 s of chunk-timed
+    decode against the server's 0.278 s), yet their mean gap landed near the server's mean ITL, so the ITL check
+    alone let chunk gaps through as inter-token latencies."""
+    from sparkstack.bench.batch import Batch, Outcome
+    from sparkstack.bench.plan import Block
+    from sparkstack.bench.report import make_cell
+    from sparkstack.endpoint import metrics
+    from sparkstack.endpoint.client import StreamResult
+
+    def scrape(requests, decode_s, tokens, itl_sum, itl_count):
+        text = "".join(f"{name}_sum {total}\n{name}_count {count}\n" for name, total, count in (
+            (metrics.DECODE_TIME, decode_s, requests), (metrics.REQUEST_TOKENS, tokens, requests),
+            (metrics.ITL, itl_sum, itl_count), (metrics.TPOT, decode_s / 127 if requests else 0, requests)))
+        return metrics.parse(text, 0.0)
+
+    # 128 tokens in 11 chunks 2.2 ms apart: 0.022 s of chunk-timed decode; the server decoded for 0.278 s, its
+    # 127 steps of 2.19 ms on average: the gaps look like steps, the decode time says they are not
+    times = tuple(0.1 + 0.0022 * i for i in range(11))
+    burst = StreamResult(0.1, times[0], times[-1], times, "x", "", None, (), "stop", {"completion_tokens": 128}, 12)
+    batch = Batch((Outcome(burst),), 0.5, scrape(0, 0, 0, 0, 0), scrape(1, 0.278, 128, 0.278, 127))
+    cell = make_cell(Block(1, "prose", 1), [batch], [])
+    doc = cell.to_json()  # flagged no_spec_metrics (no counters here): its result figures are withheld anyway
+    assert cell.figures["itl_p50_s"] is None and cell.figures["itl_p95_s"] is None and doc["itl_p99_s"] is None
+    notes = " ".join(cell.notes())
+    assert "ITL percentiles withheld" in notes and "the server's mean ITL is 2.19 ms" in notes
+    assert cell.figures["per_stream_tok_s"] == 127 / 0.278  # the server's clock, not the burst's
