@@ -1,7 +1,6 @@
 """Fixtures that need real daemons and root. They skip with a reason where that is impossible,
 and fail instead of skipping when SPARKSTACK_REQUIRE_LAB is set (CI sets it)."""
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -13,8 +12,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from daemons import DaemonError, Dockerd  # noqa: E402
-
-ROOTFS_CACHE = Path(os.environ.get("SPARKSTACK_TEST_ROOTFS_CACHE", "/var/cache/sparkstack-tests"))
 
 
 def unavailable(reason: str):
@@ -45,48 +42,19 @@ def dockerd(tmp_path_factory):
     d.stop()
 
 
-def _debian_mirror() -> str:
-    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        try:
-            for line in path.read_text().splitlines():
-                words = line.split()
-                if words[:1] == ["URIs:"] and "security" not in words[1]:
-                    return words[1]
-                if words[:1] == ["deb"] and "debian" in line and "security" not in line:
-                    return words[1]
-        except OSError:
-            continue
-    unavailable("no Debian mirror configured for debootstrap")
-
-
 @pytest.fixture(scope="session")
 def python_rootfs_tar():
-    """A minbase Debian rootfs with python3 and its standard library, as one layer tar (debootstrap once, cached on this machine)."""
+    """A minbase Debian rootfs with python3 and its standard library, as one layer tar (rootfs.py: debootstrap
+    once, cached on this machine)."""
     require("debootstrap")
-    cached = ROOTFS_CACHE / "bookworm-python3-stdlib.tar"
-    ROOTFS_CACHE.mkdir(parents=True, exist_ok=True)
-    # Under pytest-xdist two workers may both find no cache: one debootstraps, the other waits for it
-    # (they would otherwise share, and delete, the one scratch root).
-    with open(ROOTFS_CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _debootstrap_once(cached)
-    return cached.read_bytes()
+    import rootfs
 
-
-def _debootstrap_once(cached: Path) -> None:
-    if not cached.exists():
-        root = ROOTFS_CACHE / "bookworm-python3.tmp"
-        shutil.rmtree(root, ignore_errors=True)
-        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root),
-                               _debian_mirror()], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"debootstrap failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
-        import imagefix
-
-        partial = cached.with_suffix(".partial")
-        partial.write_bytes(imagefix.rootfs_tar(root))
-        partial.rename(cached)
-        shutil.rmtree(root, ignore_errors=True)
+    try:
+        return rootfs.ensure().read_bytes()
+    except rootfs.NoMirror as exc:
+        unavailable(str(exc))
+    except rootfs.RootfsError as exc:
+        pytest.fail(str(exc))
 
 
 # ---------------------------------------------------------------- the two-host lab
