@@ -816,6 +816,108 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
     click.echo(printable(f"B: {settings_line(cmp.b[1])}"))
 
 
+# ---------------------------------------------------------------- up
+
+
+@main.command()
+@click.option("--recipe", default=None, help="Recipe name or path (default: glm53-flash-dflash2-nvfp4).")
+@click.option("--from", "start", default=None, metavar="STAGE", help="Apply from this stage on (earlier ones are "
+              "still planned: a later stage may need their output).")
+@click.option("--until", default=None, metavar="STAGE", help="Apply up to and including this stage.")
+@click.option("--bench", "with_bench", is_flag=True, help="Also bench the served pair, last.")
+@click.option("--yes", is_flag=True, help="Apply without asking (needed off a terminal).")
+@click.option("--image", "image", type=click.Path(path_type=Path), default=None,
+              help="A built image (OCI layout or archive): the build stage's output as given (`nix run .#up` passes "
+                   "the flake's).")
+@click.option("--base", type=click.Path(path_type=Path), default=None,
+              help="The pinned base (OCI layout or archive) to build on, without Nix.")
+@_overlay_opt
+@_overlay_src_opt
+@_pins_opt
+@click.option("--out", type=click.Path(path_type=Path), default=Path("image"), show_default=True,
+              help="Where the build stage writes the image.")
+@_platform_opt
+@click.option("--link-base", type=click.Choice(["hardlink", "symlink"]), default="hardlink", show_default=True,
+              help="How the built image reuses base blobs (as `image build --link-base`).")
+@click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
+@click.option("--host-root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
+              help="Host facts and tuning below this root, on every rank (as tune and launch take it).")
+@click.option("--profile", type=click.Choice(["production", "lab"]), default="production", show_default=True,
+              help="launch's profile: lab drops --gpus, --ulimit memlock and --device /dev/infiniband.")
+@click.option("--via", type=click.Choice(["fabric", "mgmt"]), default=None, help="ship's connection (as ship --via).")
+@click.option("--streams", type=click.IntRange(1, 64), default=None, help="ship's ssh streams per host.")
+@click.option("--health-interval", type=terminal.FiniteFloat(0, 3600), default=10.0, show_default=True,
+              help="launch: seconds between /health polls.")
+@click.option("--health-attempts", type=click.IntRange(min=1, max=1_000_000), default=360, show_default=True,
+              help="launch: /health polls before giving up.")
+@click.option("--worker-delay", type=terminal.FiniteFloat(0, 3600), default=20.0, show_default=True,
+              help="launch: seconds between the workers and the head.")
+@click.option("--verify-timeout", type=terminal.FiniteFloat(0.1, 86400), default=300.0, show_default=True,
+              help="verify: seconds for the whole run.")
+@_api_key_env_opt
+@click.option("--bench-concurrency", type=terminal.IntList(), default="1,2,4", show_default=True)
+@click.option("--bench-rounds", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--bench-category", "bench_categories", multiple=True, metavar="NAME",
+              help="A suite category for bench (repeatable; default: all).")
+@click.option("--bench-out", type=click.Path(path_type=Path), default=Path("bench.json"), show_default=True,
+              help="Where bench's report goes (its --json document).")
+@click.option("--dry-run", is_flag=True, help="Print the plan of every stage; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (and the run) as JSON.")
+@one_line_errors
+def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_src, pins_file, out, platform,
+       link_base, ssh_config, host_root, profile, via, streams, health_interval, health_attempts, worker_delay,
+       verify_timeout, api_key_env, bench_concurrency, bench_rounds, bench_categories, bench_out, dry_run,
+       as_json) -> None:
+    """The whole runbook, planned first: fetch, strip, build, ship, tune, launch, verify (and bench with --bench).
+    A second run after a fix resumes: finished stages are up to date."""
+    from sparkstack.endpoint.client import check_key_env
+    from sparkstack.oci.pins import default_pins_path
+    from sparkstack.up import StageFailed, UpInputs, UpInterrupted, apply_up, plan_up, read_record, stage_range
+    from sparkstack.up.report import plan_lines, result_lines, stopped_lines
+
+    try:
+        pins = default_pins_path(pins_file)
+    except SparkstackError:
+        pins = None  # outside a checkout: the build stage says so (it needs no pins when --image is given)
+    inp = UpInputs(recipe, image, base, _overlay_dir(overlay_dir), overlay_src, pins, pins_file is not None, out, platform, link_base, ssh_config, host_root, profile, streams, via,
+                   health_interval, health_attempts, worker_delay, verify_timeout, check_key_env(api_key_env),
+                   with_bench, bench_concurrency, bench_rounds, _category_names(bench_categories), bench_out,
+                   stage_range(start, until, with_bench))
+    plan = plan_up(inp, os.environ, read_record())
+    if dry_run:
+        _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))
+        return
+    for line in plan_lines(plan):
+        click.echo(line, err=as_json)
+    if not plan.to_run and not plan.blocked:
+        if as_json:
+            _print_json({**plan.to_json(), "dry_run": False, "result": None})
+        return
+    if not yes:
+        if not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise UsageError("not a terminal: pass --yes to apply the plan above (or --dry-run to only see it)")
+        if not click.confirm("apply this plan?", err=True):
+            click.echo("sparkstack: up: nothing applied", err=True)
+            sys.exit(1)
+    try:
+        with terminal.stage_view([(s.name, s.state) for s in plan.stages]) as view:
+            result = apply_up(plan, inp, os.environ, view)
+    except UpInterrupted as exc:
+        for line in stopped_lines(exc.result):
+            click.echo(line, err=True)
+        if as_json:
+            _print_json({**plan.to_json(), "dry_run": False, "result": exc.result.to_json()})
+        sys.exit(130)
+    except StageFailed as exc:
+        for line in stopped_lines(exc.result):
+            click.echo(line, err=True)
+        if as_json:
+            _print_json({**plan.to_json(), "dry_run": False, "result": exc.result.to_json()})
+        raise
+    _emit(as_json, lambda: {**plan.to_json(), "dry_run": False, "result": result.to_json()},
+          lambda: result_lines(result))
+
+
 def entry() -> None:
     """The `sparkstack` program: click in non-standalone mode, so that usage errors are one line too."""
     sys.stdout = terminal.GuardedStdout(sys.stdout)

@@ -187,3 +187,56 @@ class GuardedStdout:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+class stage_view:
+    """`up`'s live view on stderr: one row per stage (waiting, running with its bar, done), on a terminal; off a
+    terminal, one line as each stage ends. Lines said by a stage print above the rows."""
+
+    def __init__(self, stages: list[tuple[str, str]]) -> None:
+        self.stages = stages  # (name, what the plan said of it)
+        self.live = sys.stderr.isatty()
+        self._bar = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description:<7}"), TextColumn("{task.fields[state]:<10}"),
+                                 BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[note]}"), console=Console(stderr=True))
+            self._bar.start()
+            for name, planned in self.stages:
+                self._tasks[name] = self._bar.add_task(name, total=None, start=False, state="waiting", note=planned)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def started(self, stage: str, total: int | None):
+        if self._bar is None:
+            click.echo(f"up: {stage}: running", err=True)
+            return None
+        task = self._tasks[stage]
+        self._bar.start_task(task)
+        self._bar.update(task, total=total, state="running")
+        return lambda n: self._bar.advance(task, n)
+
+    def finished(self, run) -> None:
+        if self._bar is None:
+            if run.outcome != "up to date":
+                click.echo(f"up: {run.stage}: {run.outcome}" + (f" in {run.seconds:.1f} s" if run.seconds else ""),
+                           err=True)
+            return
+        task = self._tasks[run.stage]
+        self._bar.update(task, state=run.outcome, total=1, completed=1, note=run.detail)
+        self._bar.stop_task(task)
+
+    def say(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        else:
+            click.echo(line, err=True)
