@@ -83,6 +83,8 @@ python3Packages.buildPythonApplication {
     "sparkstack.tune.apply"
     "sparkstack.tune.plan"
     "sparkstack.units"
+    "sparkstack.up"
+    "sparkstack.up.report"
     "sparkstack.verify"
   ];
 

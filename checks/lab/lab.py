@@ -341,3 +341,32 @@ def lab_leftovers(tag: str, pids: list[int] = ()) -> list[str]:
         left.append(f"state dir {state}")
     left += [f"pid {pid}" for pid in pids if pid_alive(pid)]
     return left
+
+
+def in_netns(netns: str, make):
+    """`make()` called in a thread that has joined network namespace `netns`: a socket it binds listens there
+    (a stand-in server reachable from a command run inside that namespace). The calling thread is untouched."""
+    import ctypes
+    import threading
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    box: dict = {}
+
+    def join_and_make() -> None:
+        fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                box["error"] = OSError(ctypes.get_errno(), f"setns into {netns}")
+                return
+            box["made"] = make()
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+            box["error"] = exc
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=join_and_make)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["made"]

@@ -152,6 +152,12 @@ def test_flake_end_to_end(world):
     assert plan["image"] == direct["name"] and plan["image_config_digest"] == direct["config_digest"]
     assert plan["image_source"] == "flag" and plan["would_load"]["from"] == str(image)
     assert plan["docker_run"][:2] == ["docker", "run"] and direct["name"] in plan["docker_run"]
+    # ... and so does `nix run .#up`: its build stage is that image, up to date, and ship would send it.
+    up = json.loads(nix(w, "run", *w["O"], ".#up", "--", "--until", "build", "--dry-run", "--json").stdout)
+    (build,) = [s for s in up["stages"] if s["stage"] == "build"]
+    assert build["state"] == "up to date" and build["outputs"]["image"] == str(image)
+    assert build["outputs"]["config"] == direct["config_digest"]
+    assert "--image " + str(image) in next(s for s in up["stages"] if s["stage"] == "ship")["rerun"]
 
     # 6. A second build asks the registry nothing: every blob is already a valid store path.
     before = len(w["standin"].log)

@@ -65,6 +65,8 @@ INVOCATIONS = {
     ("compare",): ([["{bench_report}", "{bench_report}"]], True),
     # fetch talks to the hub stand-in (HF_ENDPOINT): under --dry-run it may only ask (model_info), never write.
     ("fetch",): ([["--recipe", "{pinned_recipe}"], ["--recipe", "{unpinned_recipe}", "--resolve"]], False),
+    # up plans every stage (tune and ship ask rank 1 over ssh, launch its docker: reads) and, for real, fetches.
+    ("up",): ([["--recipe", "{pinned_recipe}", "--until", "fetch", "--yes", "--host-root", "{host_root}"]], False),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 

@@ -414,8 +414,13 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
             _fail("; ".join(failures))
         return
     if target == "status":  # read-only: --dry-run changes nothing
+        from sparkstack.up import read_record
+        from sparkstack.up.report import record_lines
+
         rows, last_run = launch_apply.status(plan, runners)
-        _emit(as_json, lambda: {"ranks": rows, "last_run": last_run}, lambda: report.status_lines(rows, last_run))
+        last_up = read_record()
+        _emit(as_json, lambda: {"ranks": rows, "last_run": last_run, "last_up": last_up},
+              lambda: [*report.status_lines(rows, last_run), *record_lines(last_up)])
         return
     selected, checks = launch_apply.preflight(plan, target, host_root, runners, probe, force, gates, os.environ, dry_run)
     if dry_run:

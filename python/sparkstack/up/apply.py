@@ -150,11 +150,13 @@ def _apply_ship(stage: Stage, run: _Run, advance) -> dict:
     result, note = apply_ship_recorded(stage.work, on_progress=(lambda host, n: advance(n)) if advance else None)
     if note:
         run.say(f"head: image {note}")
-    sent = {h.host: (h.image.bytes_sent if h.image else 0) + sum(w.bytes_sent for w in h.weights)
-            for h in result.hosts}
+    def total(h, field: str) -> int:
+        return (getattr(h.image, field) if h.image else 0) + sum(getattr(w, field) for w in h.weights)
+
     if result.failed:
         raise SparkstackError("; ".join(f"{h.host}: {h.error}" for h in result.failed))
-    return {**stage.outputs, "bytes_sent": sent}
+    return {**stage.outputs, "bytes_sent": {h.host: total(h, "bytes_sent") for h in result.hosts},
+            "bytes_resumed": {h.host: total(h, "bytes_resumed") for h in result.hosts}}
 
 
 def _apply_tune(stage: Stage, run: _Run, advance) -> dict:

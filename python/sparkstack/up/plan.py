@@ -109,7 +109,8 @@ def stage_range(start: str | None, until: str | None, bench: bool) -> tuple[str,
     names = [s for s in STAGES if bench or s != "bench"]
     for flag, value in (("--from", start), ("--until", until)):
         if value is not None and value not in names:
-            raise UsageError(f"{flag} {value!r}: expected one of {', '.join(names)}")
+            why = " (bench is a stage only with --bench)" if value == "bench" else ""
+            raise UsageError(f"{flag} {value}: expected one of {', '.join(names)}{why}")
     lo = names.index(start) if start else 0
     hi = names.index(until) if until else len(names) - 1
     if lo > hi:
@@ -262,6 +263,10 @@ def plan_strip_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping
                  bytes=plan.bytes_to_write, outputs=outputs, plan=plan.to_json(), work=plan)
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
 def _pin_base_argv(inp: UpInputs, reference: str) -> tuple[str, ...]:
     return ("sparkstack", "pin", "base", reference, "--platform", inp.platform,
             *(["--pins", str(inp.pins)] if inp.pins_given else []))
@@ -315,8 +320,8 @@ def plan_build_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping
                      "inputs", rerun, outputs={"config": plan.existing.config_digest,
                                                "manifest": plan.existing.manifest_digest, "image": str(inp.out)},
                      plan=doc, work=plan)
-    return Stage("build", WILL_RUN, f"one layer ({len(plan.overlay.installs)} installs, {len(plan.steps)} patch "
-                 f"steps) onto base {plan.base_manifest_digest[:19]}, into {inp.out}", rerun,
+    return Stage("build", WILL_RUN, f"one layer ({_count(len(plan.overlay.installs), 'install')}, "
+                 f"{_count(len(plan.steps), 'patch step')}) onto base {plan.base_manifest_digest[:19]}, into {inp.out}", rerun,
                  outputs={"base": plan.base_manifest_digest}, plan=doc, work=plan)
 
 
@@ -367,9 +372,14 @@ def plan_tune_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping[
     if plan.up_to_date:
         return Stage("tune", UP_TO_DATE, f"ranks {', '.join(str(r.rank) for r in plan.ranks)}: nothing differs", rerun,
                      plan=doc, work=(plan, runners))
-    steps = [f"rank {r.rank} {s.name} {s.now} -> {s.want}" for r in plan.ranks for s in r.steps]
-    notes = [f"rank {r.rank}: {n}" for r in plan.ranks for n in r.notes]
-    return Stage("tune", WILL_RUN, "; ".join(steps + notes) or "nothing to change", rerun, plan=doc, work=(plan, runners))
+    return Stage("tune", WILL_RUN, _tune_detail(plan), rerun, plan=doc, work=(plan, runners))
+
+
+def _tune_detail(plan) -> str:
+    """Per rank, the steps that differ (tune --dry-run shows each one's now -> want) and what it leaves alone."""
+    parts = [f"rank {r.rank}: {', '.join(s.name for s in r.steps)}" for r in plan.ranks if r.steps]
+    parts += [f"rank {r.rank}: {n}" for r in plan.ranks for n in r.notes]
+    return "; ".join(parts) or "nothing to change"
 
 
 def without_page_cache(stage: Stage) -> Stage:
@@ -382,8 +392,7 @@ def without_page_cache(stage: Stage) -> Stage:
     if plan.up_to_date:
         return dataclasses.replace(stage, state=UP_TO_DATE, detail="only a page-cache drop differs, and the pair is "
                                    "already serving: left alone", plan=plan.to_json(), work=(plan, runners))
-    steps = [f"rank {r.rank} {s.name} {s.now} -> {s.want}" for r in plan.ranks for s in r.steps]
-    return dataclasses.replace(stage, detail="; ".join(steps), plan=plan.to_json(), work=(plan, runners))
+    return dataclasses.replace(stage, detail=_tune_detail(plan), plan=plan.to_json(), work=(plan, runners))
 
 
 @dataclass(frozen=True)
@@ -533,14 +542,18 @@ def plan_stage(name: str, inp: UpInputs, environ: Mapping[str, str], earlier: Ma
 
 
 def plan_up(inp: UpInputs, environ: Mapping[str, str], last_run: Mapping[str, object] | None) -> UpPlan:
-    """Every stage's plan, in order. A stage outside --from/--until is planned too (a stage inside may need its
-    output) and shown as skipped when it has nothing to do."""
+    """Every stage's plan, in order. A stage before --from is planned too (a stage in range may need its output)
+    and shown as skipped when it has something to do; a stage after --until is not planned at all."""
     from sparkstack.recipe import load_recipe
 
     recipe = load_recipe(inp.recipe)
     earlier: dict[str, Stage] = {}
+    last = max(STAGES.index(n) for n in inp.stages)
     for name in STAGES:
         if name == "bench" and not inp.bench:
+            continue
+        if STAGES.index(name) > last:  # nothing in range needs it: not even probed
+            earlier[name] = Stage(name, SKIPPED, f"after --until {STAGES[last]}: not planned", command(inp, name))
             continue
         stage = plan_stage(name, inp, environ, earlier, last_run)
         if name not in inp.stages and stage.state != UP_TO_DATE:

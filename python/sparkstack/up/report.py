@@ -14,8 +14,7 @@ def plan_lines(plan: UpPlan) -> list[str]:
     width = max(len(s.name) for s in plan.stages)
     lines = [f"up: recipe {plan.recipe}"]
     for s in plan.stages:
-        size = f" [{human_bytes(s.bytes)}]" if s.state == WILL_RUN and s.bytes else ""
-        lines.append(f"  {s.name:<{width}}  {s.state:<10}  {s.detail}{size}")
+        lines.append(f"  {s.name:<{width}}  {s.state:<10}  {s.detail}")
         if s.state == BLOCKED and s.unblock:
             lines.append(f"  {'':<{width}}  {'':<10}  unblock: {shlex.join(s.unblock)}")
     counts = {state: [s.name for s in plan.stages if s.state == state] for state in (UP_TO_DATE, WILL_RUN, BLOCKED)}
@@ -41,8 +40,11 @@ def result_lines(result: UpResult) -> list[str]:
         took = f" in {r.seconds:.1f} s" if r.outcome in ("done", "failed", "cut") else ""
         lines.append(f"  {r.stage:<6}  {r.outcome}{took}: {r.detail}")
         sent = r.outputs.get("bytes_sent") if r.outcome == "done" else None
+        resumed = r.outputs.get("bytes_resumed") or {}
         if isinstance(sent, dict):
-            lines.append("          sent " + ", ".join(f"{h} {human_bytes(n, 'GiB')}" for h, n in sent.items()))
+            lines.append("          sent " + ", ".join(
+                f"{h} {human_bytes(n, 'GiB')}" + (f" (and {human_bytes(resumed[h], 'GiB')} of cut blobs kept: not "
+                                                   "sent again)" if resumed.get(h) else "") for h, n in sent.items()))
     lines.append(f"record: {result.record}")
     return lines
 
@@ -57,3 +59,14 @@ def stopped_lines(result: UpResult) -> list[str]:
               ("blocked", "blocked"), ("not started", "not started")) if key in by]
     return ["up: " + "; ".join(parts),
             "run `sparkstack up` again: finished stages plan as up to date, and a cut transfer resumes"]
+
+
+def record_lines(record: dict | None) -> list[str]:
+    """The last `up`'s record, as `launch status` shows it: one line per stage."""
+    if not record:
+        return []
+    lines = [f"last up: {record.get('started_at')} ({record.get('record')})"]
+    for r in record.get("stages", []):
+        took = f" in {r.get('seconds', 0):.1f} s" if r.get("outcome") in ("done", "failed", "cut") else ""
+        lines.append(f"  {r.get('stage')}: {r.get('outcome')}{took}")
+    return lines
