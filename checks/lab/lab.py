@@ -24,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,30 @@ class Host:
         rel = Path(inside).relative_to(WORKER_HOME)
         return self.home_mount / rel
 
+    @contextmanager
+    def left_as_found(self):
+        """Whatever a test writes under this worker's HOME, and every image it loads into its dockerd, is removed
+        afterwards: the lab is shared by every lab test, its HOME is a small tmpfs (one test's leftovers are the
+        next one's full disk), and an image already held is a ship with nothing to send."""
+        before = _paths_under(self.home_mount)
+        images = self._image_ids()
+        try:
+            yield
+        finally:
+            if self.dockerd is not None:
+                for image in sorted(self._image_ids() - images):
+                    self.docker("image", "rm", "--force", image, check=False)
+            for path in sorted(_paths_under(self.home_mount) - before, reverse=True):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+    def _image_ids(self) -> set[str]:
+        if self.dockerd is None:
+            return set()
+        return set(self.docker("image", "ls", "--all", "--quiet", "--no-trunc").stdout.split())
+
     def run(self, *argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run a command inside this host's network namespace, with its own /sys/class/net.
 
@@ -90,6 +115,10 @@ class Host:
 
     def docker(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         return self.dockerd.run(*args, check=check, timeout=timeout)
+
+
+def _paths_under(root: Path) -> set[Path]:
+    return {Path(d, n) for d, dirs, files in os.walk(root) for n in dirs + files}
 
 
 def state_dir(tag: str) -> Path:

@@ -102,10 +102,6 @@ def layout_digests(layout: Path) -> dict:
             "layers": [layer["digest"] for layer in manifest["layers"]]}
 
 
-def paths_under(root: Path) -> set[Path]:
-    return {Path(d, n) for d, dirs, files in os.walk(root) for n in dirs + files}
-
-
 @pytest.fixture
 def world(lab, standin_image, tmp_path_factory):
     """Stand-ins up, the recipe and the two host roots written, the tools in place on both machines; afterwards
@@ -148,28 +144,23 @@ def world(lab, standin_image, tmp_path_factory):
         "HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": "", "HF_HUB_CACHE": "",
         "SPARKSTACK_REGISTRY_MIRROR": registry.url, "VLLM_API_KEY": "lab-runbook-key",
         "PATH": f"{tools['head']}:{os.environ['PATH']}"})
-    worker_home_before = paths_under(lab.worker.home_mount)
-    mounts = []
-    try:
-        # The worker's own host root at the path the head's has, and its tools first on its PATH: in its mount
-        # namespace only, so the head (and this machine) never see either.
-        for src, dest in ((roots["worker"], roots["head"]), (tools["worker"], Path("/usr/local/sbin"))):
-            lab.worker.machine("mount", "--bind", str(src), str(dest))
-            mounts.append(dest)
-        yield {"lab": lab, "work": work, "home": home, "hub": hub, "registry": registry, "fixture": fixture,
-               "roots": roots, "book": Runbook(work, home, env, lab.head.netns)}
-    finally:
-        subprocess.run(["ip", "netns", "exec", lab.head.netns, *sparkstack_cmd(), "launch", "stop", "--recipe",
-                        "my-recipe.toml", "--ssh-config", "ssh_config"], cwd=work, env=env, capture_output=True, check=False)
-        for dest in reversed(mounts):
-            lab.worker.machine("umount", str(dest), check=False)
-        for path in sorted(paths_under(lab.worker.home_mount) - worker_home_before, reverse=True):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        registry.stop()
-        hub.stop()
+    with lab.worker.left_as_found():  # after the pair is stopped
+        mounts = []
+        try:
+            # The worker's own host root at the path the head's has, and its tools first on its PATH: in its mount
+            # namespace only, so the head (and this machine) never see either.
+            for src, dest in ((roots["worker"], roots["head"]), (tools["worker"], Path("/usr/local/sbin"))):
+                lab.worker.machine("mount", "--bind", str(src), str(dest))
+                mounts.append(dest)
+            yield {"lab": lab, "work": work, "home": home, "hub": hub, "registry": registry, "fixture": fixture,
+                   "roots": roots, "book": Runbook(work, home, env, lab.head.netns)}
+        finally:
+            subprocess.run(["ip", "netns", "exec", lab.head.netns, *sparkstack_cmd(), "launch", "stop", "--recipe",
+                            "my-recipe.toml", "--ssh-config", "ssh_config"], cwd=work, env=env, capture_output=True, check=False)
+            for dest in reversed(mounts):
+                lab.worker.machine("umount", str(dest), check=False)
+            registry.stop()
+            hub.stop()
 
 
 def test_the_runbook_from_nothing_to_a_verified_measured_pair(world):

@@ -35,7 +35,8 @@ def world(lab, tmp_path_factory):
     w = {"lab": lab, "work": work, "hub": hub, "env": shiplab.head_env(head_home),
          "recipe": shiplab.recipe(lab, work, ["worker", "worker2", "bare"])}
     w["base"] = shiplab.busybox_base(work / "base")
-    yield w
+    with lab.worker.left_as_found():
+        yield w
     for name in ("bare", "worker2"):
         lab.remove_worker(name)
 
