@@ -299,22 +299,29 @@ class Lab:
 
     def _stop_host(self, host: Host) -> None:
         """dockerd, then sshd, then anything still living in the worker's mount namespace (its sessions)."""
-        mntns = None
+        mntns, held = None, None
         pid = host.sshd_pid()
         if pid and cmdline_holds(pid, b"sshd"):  # a stale pidfile's number may be another process's by now
             try:
-                mntns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+                # Held open until the sweep is done: a freed namespace's inode number goes at once to the next one
+                # made (any `ip netns exec` of a test beside us), whose processes the sweep would then kill.
+                held = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+                mntns = os.fstat(held).st_ino
             except OSError:
                 pass
         if mntns == os.stat("/proc/self/ns/mnt").st_ino:
             mntns = None  # never sweep the namespace the suite itself runs in
-        if host.dockerd is not None:
-            host.dockerd.stop()
-        if pid:
-            stop_pid(pid, expect=b"sshd")
-        if mntns is not None:
-            for left in pids_in_mount_ns(mntns):
-                stop_pid(left, timeout=5)
+        try:
+            if host.dockerd is not None:
+                host.dockerd.stop()
+            if pid:
+                stop_pid(pid, expect=b"sshd")
+            if mntns is not None:
+                for left in pids_in_mount_ns(mntns):
+                    stop_pid(left, timeout=5)
+        finally:
+            if held is not None:
+                os.close(held)
         if host.name != "head":
             sh("umount", "-l", str(host.home_mount), check=False)
 
@@ -344,12 +351,16 @@ def machine_processes(host: Host, needle: bytes) -> list[int]:
     if pid is None:
         return []
     found = []
-    for other in pids_in_mount_ns(os.stat(f"/proc/{pid}/ns/mnt").st_ino):
-        try:
-            if needle in Path(f"/proc/{other}/cmdline").read_bytes():
-                found.append(other)
-        except OSError:
-            continue  # it ended while we looked
+    held = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)  # so its inode number cannot pass to a new namespace meanwhile
+    try:
+        for other in pids_in_mount_ns(os.fstat(held).st_ino):
+            try:
+                if needle in Path(f"/proc/{other}/cmdline").read_bytes():
+                    found.append(other)
+            except OSError:
+                continue  # it ended while we looked
+    finally:
+        os.close(held)
     return found
 
 

@@ -203,17 +203,40 @@ def test_lab_leaves_nothing_behind(tmp_path):
         assert lab_leftovers(tag, pids) == [], out
 
 
-def test_a_second_stop_signals_no_one(tmp_path, monkeypatch):
-    """The lab fixture stops the lab twice (its teardown, then atexit's). The second stop must signal nobody: the
+def test_stopping_the_lab_signals_no_one_else(tmp_path, monkeypatch):
+    """A stop sweeps what is left in a worker's mount namespace once its sshd is gone. The kernel hands a freed
+    namespace's inode number to the next one made, here a bystander's (in CI: a test beside us in `ip netns exec`,
+    whose ship died of SIGTERM): the sweep must not take it for the worker's.
+
+    The lab fixture also stops the lab twice (its teardown, then atexit's). The second stop must signal nobody: the
     daemons it stopped are reaped, and with pid_max at 32768 their numbers soon belong to other processes."""
     require("ip", "nsenter", "unshare", "dockerd", "docker", "sshd", "ssh", "ssh-keygen")
+    import lab as lab_module
     from lab import Lab, new_tag
 
+    bystanders = []
+
+    def stop_pid(pid, *args, **kwargs):
+        lab_module_stop_pid(pid, *args, **kwargs)
+        if kwargs.get("expect") == b"sshd":  # the worker's namespace may be free now: a new one made here may reuse it
+            bystanders.append(subprocess.Popen(["unshare", "-m", "sleep", "60"]))
+            time.sleep(0.2)  # let it be in its namespace before the sweep looks
+
+    lab_module_stop_pid = lab_module.stop_pid
     the_lab = Lab(tmp_path, tag=new_tag())
     try:
         the_lab.start()
     finally:
+        monkeypatch.setattr(lab_module, "stop_pid", stop_pid)
         the_lab.stop()
+        monkeypatch.undo()
+    try:
+        assert bystanders, "the stop never stopped an sshd"
+        assert [b.poll() for b in bystanders] == [None] * len(bystanders), "the sweep signalled a bystander"
+    finally:
+        for b in bystanders:
+            b.kill()
+            b.wait()
     signalled = []
 
     def kill(pid, sig):
