@@ -66,10 +66,6 @@ def _peer(vllm_py, server, concurrency, tmp_path, run_salt):
     return json.loads(out.read_text())
 
 
-def _close(a, b, rel):
-    return a is not None and b is not None and abs(a - b) <= rel * max(abs(a), abs(b))
-
-
 def test_bench_counters_are_the_tests_own_metrics_deltas(run_cli, spec_server):
     """One round per cell: no spread, so no noisy rerun, and the cell covers exactly what the test's scrapes do."""
     for concurrency in (1, 2):
@@ -130,16 +126,17 @@ def test_bench_beside_vllm_bench_serve(run_cli, vllm_py, spec_server, tmp_path, 
                                                                          _round(one["server_timing"]["stream_tok_s"]))}
         rows += [f"c={concurrency} | {name} | {ours} | {theirs if not isinstance(theirs, float) else round(theirs, 3)}"
                  for name, (ours, theirs) in pairs.items()]
-        # Raw throughput is shown, not judged: the peer runs a minute later on a shared 2-core box whose speed
-        # swings several-fold with other sessions' load (bench rounds 166-202 tok/s, the peer 28.7 a minute later
-        # at a load average of 12). The load-proof comparison is each run's aggregate tok/s over the server's own
-        # per-stream decode rate during that same run: how many streams' worth of decoding each tool saw.
+        # Throughput is shown, not judged: the peer runs a minute later on a shared 2-core box whose speed swings
+        # several-fold with other sessions' load (bench rounds 166-202 tok/s, the peer 28.7 a minute later at a
+        # load average of 12). Even normalised, each run's aggregate tok/s over the server's own per-stream decode
+        # rate in that run, it is a ratio of two runs of a handful of requests: at c=2 it read 1.96 against 1.45
+        # once and 0.82 against 1.92 in another clean-clone CI, with no code change. Bench's own rates are held to
+        # the server's clock within one run in the exact test.
         if one:
             ours_streams = one["output_tok_s"] / one["server_timing"]["stream_tok_s"]
             peer_streams = peer["output_throughput"] / peer_server.stream_tok_s
             rows.append(f"c={concurrency} | one round: tok/s over the server's per-stream tok/s | "
                         f"{ours_streams:.3f} | {peer_streams:.3f}")
-            assert _close(ours_streams, peer_streams, 0.5), (ours_streams, peer_streams)
         # the same prompts at temperature 0: the same drafts and the same rejections, so the same acceptance
         assert abs(ours_len - peer["spec_decode_acceptance_length"]) <= 1e-9, pairs
         theirs_pos = peer.get("spec_decode_per_position_acceptance_rates")

@@ -105,13 +105,57 @@ def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(
     assert not (world["home"] / "hf").exists() and not (world["tmp"] / "state").exists()
 
 
-def test_off_a_terminal_up_needs_yes_and_applies_nothing(world):
-    proc = up(world)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1].startswith("sparkstack: error: not a terminal: pass --yes")
-    assert not (world["tmp"] / "state").exists()
+def test_off_a_terminal_up_needs_yes_and_applies_nothing(world, tmp_path):
+    repos = synthetic_repos(tmp_path / "repos")
+    recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
+    with HubStandin(repos) as hub:
+        proc = up(world, "--recipe", str(recipe), "--until", "strip",
+                  env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": ""})
+        assert proc.returncode == 2
+        assert proc.stderr.splitlines()[-1].startswith("sparkstack: error: not a terminal: pass --yes")
+        assert not (world["tmp"] / "state").exists() and not (world["home"] / "hf").exists()
+        assert hub.downloads() == []  # the plan only asked what each commit holds
     proc = up(world, "--from", "launch", "--until", "fetch")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_a_plan_with_nothing_to_run_but_a_block_says_so_without_asking(world):
+    """Nothing would be applied, so there is nothing to consent to: the block's one line, exit 1."""
+    proc = up(world)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("sparkstack: error: up: fetch is blocked: ") and "unblock it: sparkstack fetch --resolve" in last
+    assert "run it alone" not in last  # a blocked stage is unblocked, not rerun
+    record = json.loads((world["tmp"] / "state/up/last.json").read_text())
+    assert [s["outcome"] for s in record["stages"]] == ["blocked"] + ["not started"] * 6
+    assert record["stages"][0]["rerun"] == "sparkstack fetch"  # the record's rerun runs the stage, as for any other
+
+
+def test_bad_image_options_are_one_line_usage_errors(world):
+    proc = up(world, "--dry-run", "--image", str(world["tmp"] / "nope"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--image" in proc.stderr, proc.stderr
+    proc = up(world, "--dry-run", "--image", str(world["pins"]), "--base", str(world["pins"]))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--base" in proc.stderr, proc.stderr
+
+
+def test_printed_commands_run_from_any_directory(world):
+    """The commands `up` prints (run it alone, unblock) name absolute paths: the default `--out image` is relative."""
+    doc = json.loads(up(world, "--dry-run", "--json").stdout)
+    build = by_stage(doc)["build"]
+    assert f"--out {world['tmp'] / 'image'}" in build["rerun"], build["rerun"]
+
+
+def test_an_unwritable_record_stops_up_before_any_stage_acts(world, tmp_path):
+    repos = synthetic_repos(tmp_path / "repos")
+    recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with HubStandin(repos) as hub:
+        proc = up(world, "--recipe", str(recipe), "--until", "fetch", "--yes",
+                  env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": "",
+                       "SPARKSTACK_STATE_DIR": str(blocker / "state")})
+    assert proc.returncode == 1 and "run record" in proc.stderr.splitlines()[-1], proc.stderr
+    assert not (world["home"] / "hf").exists()  # fetch never ran
 
 
 def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, tmp_path):
@@ -151,3 +195,83 @@ def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, t
         assert len(hub.requests("get")) == gets
     record = Path(world["tmp"] / "state/up/last.json")
     assert json.loads(record.read_text())["stages"][0]["stage"] == "fetch"
+
+
+# ---------------------------------------------------------------- apply_up itself, with stand-in stages
+
+def inputs(tmp_path: Path, **kw) -> up_plan.UpInputs:
+    base = dict(recipe=None, image=None, base=None, overlay_dir=tmp_path, overlay_src=None, pins=None,
+                pins_given=False, out=tmp_path / "image", platform="linux/arm64", link_base="hardlink",
+                ssh_config=None, host_root=Path("/"), profile="lab", streams=None, via=None, health_interval_s=1.0,
+                health_attempts=1, worker_delay_s=0.0, verify_timeout_s=5.0, api_key_env="VLLM_API_KEY", bench=True,
+                bench_concurrency=(1,), bench_rounds=1, bench_categories=("count",), bench_out=tmp_path / "bench.json",
+                stages=("fetch", "strip", "build", "ship", "tune", "launch", "verify", "bench"))
+    return up_plan.UpInputs(**{**base, **kw})
+
+
+def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_was_cut(tmp_path, monkeypatch):
+    """A stage after one that acted is planned again just before it runs (ship asks every worker what it holds:
+    a likely moment for Ctrl-C). The record must still say fetch is done and strip was cut."""
+    from sparkstack.up import apply as up_apply
+
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setitem(up_apply.APPLIERS, "fetch", lambda stage, run, advance: {"revisions": {}})
+
+    def replan(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(up_apply, "plan_stage", replan)
+    plan = up_plan.UpPlan("r", (stage("fetch", WILL_RUN), stage("strip", WILL_RUN), stage("build", WILL_RUN)), None)
+    with pytest.raises(up_apply.UpInterrupted) as caught:
+        up_apply.apply_up(plan, inputs(tmp_path), {})
+    outcomes = [(r.stage, r.outcome) for r in caught.value.result.runs]
+    assert outcomes == [("fetch", "done"), ("strip", "cut"), ("build", "not started")]
+    record = json.loads((tmp_path / "state/up/last.json").read_text())
+    assert [s["outcome"] for s in record["stages"]] == ["done", "cut", "not started"]
+
+
+def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypatch):
+    """`bench` masks a key the server quotes back; `up`'s bench stage must too, on its line and in its record."""
+    import http.server
+    import threading
+
+    from sparkstack.bench.plan import make_plan
+    from sparkstack.up import apply as up_apply
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        """Healthy and listing its model, but every chat is refused with the key it was sent quoted back."""
+
+        def _send(self, status: int, body: bytes, kind: str = "application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode())
+            else:
+                self._send(200, b"", "text/plain")  # /health, and /metrics with no samples
+
+        def do_POST(self):
+            self._send(401, json.dumps({"error": {"message": f"bad key {self.headers.get('Authorization')}"}}).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret = "sk-very-secret-4242"
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    bench = Stage("bench", WILL_RUN, "bench", ("sparkstack", "bench", url),
+                  work=make_plan(url, concurrency=(1,), rounds=1, categories=("count",), model="tiny"))
+    try:
+        with pytest.raises(up_apply.StageFailed) as caught:
+            up_apply.apply_up(up_plan.UpPlan("r", (bench,), None), inputs(tmp_path), {"VLLM_API_KEY": secret})
+    finally:
+        server.shutdown()
+    assert "401" in str(caught.value) and "***" in str(caught.value), str(caught.value)
+    assert secret not in str(caught.value)
+    assert secret not in (tmp_path / "state/up/last.json").read_text()

@@ -880,14 +880,24 @@ def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_
     from sparkstack.up import StageFailed, UpInputs, UpInterrupted, apply_up, plan_up, read_record, stage_range
     from sparkstack.up.report import plan_lines, result_lines, stopped_lines
 
+    if image is not None and base is not None:
+        raise UsageError("--image and --base: give one (--image is a built image; --base is what the build stage "
+                         "builds on)")
+    if image is not None and not image.exists():
+        raise UsageError(f"--image {image}: no such file or directory")
     try:
         pins = default_pins_path(pins_file)
     except SparkstackError:
         pins = None  # outside a checkout: the build stage says so (it needs no pins when --image is given)
-    inp = UpInputs(recipe, image, base, _overlay_dir(overlay_dir), overlay_src, pins, pins_file is not None, out, platform, link_base, ssh_config, host_root, profile, streams, via,
-                   health_interval, health_attempts, worker_delay, verify_timeout, check_key_env(api_key_env),
-                   with_bench, bench_concurrency, bench_rounds, _category_names(bench_categories), bench_out,
-                   stage_range(start, until, with_bench))
+
+    def absolute(path: Path | None) -> Path | None:  # the commands `up` prints must run from any directory
+        return None if path is None else path.absolute()
+
+    inp = UpInputs(recipe, absolute(image), absolute(base), absolute(_overlay_dir(overlay_dir)), absolute(overlay_src),
+                   absolute(pins), pins_file is not None, absolute(out), platform, link_base, absolute(ssh_config),
+                   absolute(host_root), profile, streams, via, health_interval, health_attempts, worker_delay,
+                   verify_timeout, check_key_env(api_key_env), with_bench, bench_concurrency, bench_rounds,
+                   _category_names(bench_categories), absolute(bench_out), stage_range(start, until, with_bench))
     plan = plan_up(inp, os.environ, read_record())
     if dry_run:
         _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))
@@ -898,7 +908,7 @@ def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_
         if as_json:
             _print_json({**plan.to_json(), "dry_run": False, "result": None})
         return
-    if not yes:
+    if not yes and plan.to_run:  # nothing to run but a block: `up` only says so, and needs no consent for that
         if not (sys.stdin.isatty() and sys.stderr.isatty()):
             raise UsageError("not a terminal: pass --yes to apply the plan above (or --dry-run to only see it)")
         if not click.confirm("apply this plan?", err=True):

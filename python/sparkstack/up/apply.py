@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.up.plan import (BLOCKED, SKIPPED, UP_TO_DATE, WILL_RUN, Stage, UpInputs, UpPlan, plan_stage, serving,
+from sparkstack.up.plan import (BLOCKED, SKIPPED, STAGES, UP_TO_DATE, WILL_RUN, Stage, UpInputs, UpPlan, plan_stage, serving,
                                 without_page_cache)
 
 
@@ -45,10 +45,6 @@ class UpResult:
     record: Path
     started_at: str
 
-    @property
-    def stopped_at(self) -> StageRun | None:
-        return next((r for r in self.runs if r.outcome in ("failed", "cut", "blocked")), None)
-
     def to_json(self) -> dict:
         return {"recipe": self.recipe, "started_at": self.started_at, "record": str(self.record),
                 "stages": [r.to_json() for r in self.runs]}
@@ -57,11 +53,16 @@ class UpResult:
 class StageFailed(SparkstackError):
     """A stage failed (or was blocked): the one line names it, its own error, and the command to run it alone."""
 
-    def __init__(self, result: UpResult, run: StageRun) -> None:
+    def __init__(self, result: UpResult, run: StageRun, unblock: str | None = None) -> None:
+        from sparkstack.endpoint.client import printable
+
         self.result, self.run = result, run
-        verb = "is blocked" if run.outcome == "blocked" else "failed"
-        super().__init__(f"up: {run.stage} {verb}: {run.detail}; run it alone: {run.rerun}; then `sparkstack up` "
-                         "resumes from there")
+        if unblock is not None:
+            line = f"up: {run.stage} is blocked: {run.detail}; unblock it: {unblock}; then run `sparkstack up` again"
+        else:
+            line = (f"up: {run.stage} failed: {run.detail}; run it alone: {run.rerun}; then `sparkstack up` resumes "
+                    "from there")
+        super().__init__(printable(line))  # one line: a path may hold a newline
 
 
 class UpInterrupted(Exception):
@@ -117,9 +118,17 @@ class _Run:
     environ: Mapping[str, str]
     view: View
     finished: dict[str, Stage]  # this run's stages, as they stand after it dealt with them
+    api_key: str | None = None
+
+    def said(self, text: str) -> str:
+        """Server text on our lines, as the single commands show it: the key it may echo masked, controls escaped."""
+        from sparkstack.endpoint.client import printable
+        from sparkstack.verify import mask_key
+
+        return printable(mask_key(text, self.api_key))
 
     def say(self, line: str) -> None:
-        self.view.say(line)
+        self.view.say(self.said(line))
 
 
 def _apply_fetch(stage: Stage, run: _Run, advance) -> dict:
@@ -199,10 +208,9 @@ def _launch_outputs(run: _Run) -> dict:
 
 
 def _apply_verify(stage: Stage, run: _Run, advance) -> dict:
-    from sparkstack.endpoint.client import api_key_from
     from sparkstack.verify import run_verify, verdict
 
-    results = run_verify(stage.work, api_key_from(run.inp.api_key_env, run.environ),
+    results = run_verify(stage.work, run.api_key,
                          on_result=lambda r: run.say(r.line()))
     failed = verdict(results)
     if failed:
@@ -213,10 +221,10 @@ def _apply_verify(stage: Stage, run: _Run, advance) -> dict:
 
 def _apply_bench(stage: Stage, run: _Run, advance) -> dict:
     from sparkstack.bench.run import run_bench
-    from sparkstack.endpoint.client import Endpoint, api_key_from
+    from sparkstack.endpoint.client import Endpoint
 
     plan = stage.work
-    endpoint = Endpoint(plan.settings.url, api_key_from(run.inp.api_key_env, run.environ), 60.0,
+    endpoint = Endpoint(plan.settings.url, run.api_key, 60.0,
                         connections=max(plan.settings.concurrency))
     done = [0]
 
@@ -226,6 +234,8 @@ def _apply_bench(stage: Stage, run: _Run, advance) -> dict:
             done[0] = requests_done
 
     report = run_bench(plan, endpoint, on_progress=progress)
+    for line in (*report.warnings, *(n for c in report.cells for n in c.notes())):
+        run.say(line)
     doc = report.to_json()
     out = run.inp.bench_out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -246,63 +256,94 @@ def _progress_total(stage: Stage) -> int | None:
     return stage.bytes or None
 
 
+def _ready_record(path: Path) -> None:
+    """Before any stage acts: a record that cannot be written must stop `up` here, not after a stage ran."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".{path.name}.writable"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise SparkstackError(f"up: cannot write its run record in {path.parent}: {exc.strerror or exc} "
+                              "(set SPARKSTACK_STATE_DIR to a writable directory)") from None
+
+
+def _kept(stage: Stage, inp: UpInputs, last_run: Mapping[str, object] | None) -> StageRun | None:
+    """A stage this run did not plan (after --until): the previous run's entry for it, which later runs still judge
+    against the launch that serves then (a verify or bench of another run is never taken for this one's)."""
+    if stage.state != SKIPPED or not last_run or STAGES.index(stage.name) < max(map(STAGES.index, inp.stages)):
+        return None
+    old = next((r for r in last_run.get("stages", []) if isinstance(r, dict) and r.get("stage") == stage.name), None)
+    if not old or old.get("outcome") not in ("done", "up to date"):
+        return None
+    return StageRun(stage.name, old["outcome"], 0.0, str(old.get("detail", "")), str(old.get("rerun", "")),
+                    dict(old.get("outputs") or {}))
+
+
 def apply_up(plan: UpPlan, inp: UpInputs, environ: Mapping[str, str], view: View | None = None) -> UpResult:
     """Run every stage of `plan` that will run, in order; raises StageFailed at the first failure or block, and
     UpInterrupted on Ctrl-C, both after writing the record."""
+    from sparkstack.endpoint.client import api_key_from
+
     view = view or View()
-    run = _Run(inp, environ, view, {})
+    run = _Run(inp, environ, view, {}, api_key_from(inp.api_key_env, environ))
     runs: list[StageRun] = []
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = record_path()
+    _ready_record(path)
 
     def result() -> UpResult:
         return UpResult(plan.recipe, tuple(runs), path, started_at)
 
-    def rest(after: int, outcome: str = "not started") -> list[StageRun]:
-        return [StageRun(s.name, outcome, 0.0, s.detail, shlex.join(s.rerun), dict(s.outputs))
-                for s in plan.stages[after + 1:]]
+    def stop_after(i: int) -> None:
+        """The stages after the one that stopped the run, then the record."""
+        for s in plan.stages[i + 1:]:
+            kept = _kept(s, inp, plan.last_run)
+            runs.append(kept or StageRun(s.name, "skipped" if s.state == SKIPPED else "not started", 0.0, s.detail,
+                                         shlex.join(s.rerun), dict(s.outputs)))
+        _write_record(result())
 
     changed = False  # an earlier stage of this run acted: later plans are made again
     serving_already = (plan.stage("launch") is not None and plan.stage("launch").state == UP_TO_DATE)
     for i, planned in enumerate(plan.stages):
         stage = planned
-        if planned.state != SKIPPED and changed:
-            stage = plan_stage(planned.name, inp, environ, run.finished, plan.last_run)
-        if stage.name == "tune" and serving_already:
-            stage = without_page_cache(stage)
-        rerun = shlex.join(stage.rerun)
-        if stage.state in (UP_TO_DATE, SKIPPED):
-            runs.append(StageRun(stage.name, "up to date" if stage.state == UP_TO_DATE else "skipped", 0.0,
-                                 stage.detail, rerun, dict(stage.outputs)))
-            run.finished[stage.name] = stage
-            view.finished(runs[-1])
-            continue
-        if stage.state == BLOCKED:
-            runs.append(StageRun(stage.name, "blocked", 0.0, stage.detail,
-                                 shlex.join(stage.unblock or stage.rerun), dict(stage.outputs)))
-            view.finished(runs[-1])
-            runs.extend(rest(i))
-            _write_record(result())
-            raise StageFailed(result(), runs[i])
-        assert stage.state == WILL_RUN
         t0 = time.monotonic()
-        advance = view.started(stage.name, _progress_total(stage))
         try:
+            if planned.state != SKIPPED and changed:
+                stage = plan_stage(planned.name, inp, environ, run.finished, plan.last_run)
+            if stage.name == "tune" and serving_already:
+                stage = without_page_cache(stage)
+            rerun = shlex.join(stage.rerun)
+            if stage.state in (UP_TO_DATE, SKIPPED):
+                runs.append(_kept(stage, inp, plan.last_run) or StageRun(
+                    stage.name, "up to date" if stage.state == UP_TO_DATE else "skipped", 0.0, stage.detail, rerun,
+                    dict(stage.outputs)))
+                run.finished[stage.name] = stage
+                view.finished(runs[-1])
+                continue
+            if stage.state == BLOCKED:
+                runs.append(StageRun(stage.name, "blocked", 0.0, stage.detail, rerun, dict(stage.outputs)))
+                view.finished(runs[-1])
+                stop_after(i)
+                raise StageFailed(result(), runs[i], shlex.join(stage.unblock or stage.rerun))
+            assert stage.state == WILL_RUN
+            advance = view.started(stage.name, _progress_total(stage))
             outputs = APPLIERS[stage.name](stage, run, advance)
         except KeyboardInterrupt:
-            runs.append(StageRun(stage.name, "cut", time.monotonic() - t0, "interrupted by Ctrl-C", rerun,
-                                 dict(stage.outputs)))
+            runs.append(StageRun(stage.name, "cut", time.monotonic() - t0, "interrupted by Ctrl-C",
+                                 shlex.join(stage.rerun), dict(stage.outputs)))
             view.finished(runs[-1])
-            runs.extend(rest(i))
-            _write_record(result())
+            stop_after(i)
             raise UpInterrupted(result()) from None
+        except StageFailed:
+            raise
         except (SparkstackError, OSError) as exc:
             line = str(exc) if isinstance(exc, SparkstackError) else \
                 f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
-            runs.append(StageRun(stage.name, "failed", time.monotonic() - t0, line, rerun, dict(stage.outputs)))
+            runs.append(StageRun(stage.name, "failed", time.monotonic() - t0, run.said(line), shlex.join(stage.rerun),
+                                 dict(stage.outputs)))
             view.finished(runs[-1])
-            runs.extend(rest(i))
-            _write_record(result())
+            stop_after(i)
             raise StageFailed(result(), runs[i]) from None
         runs.append(StageRun(stage.name, "done", time.monotonic() - t0, stage.detail, rerun, outputs))
         run.finished[stage.name] = dataclasses.replace(stage, state=UP_TO_DATE, outputs=outputs)

@@ -204,13 +204,14 @@ def _deployment(inp: UpInputs, environ: Mapping[str, str], with_image: bool = Fa
 
 def plan_fetch_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping[str, Stage]) -> Stage:
     from sparkstack.fetch import plan_fetch
+    from sparkstack.fetch.plan import wanted
 
     rerun = command(inp, "fetch")
     deployment = _deployment(inp, environ)
     try:
         plan = plan_fetch(deployment, environ)
     except SparkstackError as exc:
-        unpinned = [w for w in ("model_revision", "drafter") if "unpinned" in str(exc)]
+        unpinned = any(w.revision is None for w in wanted(deployment.recipe))
         unblock = ("sparkstack", "fetch", "--resolve", *_recipe_args(inp)) if unpinned else rerun + ("--dry-run",)
         return Stage("fetch", BLOCKED, str(exc), rerun, unblock=unblock)
     revisions = {e.wanted.repo: e.revision for e in plan.entries}
@@ -272,6 +273,20 @@ def _pin_base_argv(inp: UpInputs, reference: str) -> tuple[str, ...]:
             *(["--pins", str(inp.pins)] if inp.pins_given else []))
 
 
+def _build_unblock(inp: UpInputs, rerun: tuple[str, ...]) -> tuple[str, ...]:
+    """What unblocks a build its own planner refused: pinning the overlay when it is unpinned, else its dry run."""
+    from sparkstack.patch.overlay import load_overlay
+
+    try:
+        unpinned = bool(load_overlay(inp.overlay_dir).unpinned)
+    except SparkstackError:
+        unpinned = False
+    if unpinned:
+        return ("sparkstack", "pin", "overlay", "--overlay", str(inp.overlay_dir), "--overlay-src",
+                str(inp.overlay_src or "DIR"))
+    return (*rerun, "--dry-run")
+
+
 def plan_build_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping[str, Stage]) -> Stage:
     from sparkstack.image import plan_build
     from sparkstack.image.plan import complete_output
@@ -288,8 +303,8 @@ def plan_build_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping
     if inp.pins is None:
         return Stage("build", BLOCKED, "no nix/pins.json found from here upward: run up in the checkout, or pass "
                      "--pins FILE (or --image, an image built already)", rerun,
-                     unblock=("sparkstack", "pin", "base", "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8", "--pins",
-                              "FILE"))
+                     unblock=("sparkstack", "pin", "base", "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8",
+                              "--platform", inp.platform, "--pins", "FILE"))
     try:
         pins = read_pins(inp.pins)
     except SparkstackError as exc:
@@ -307,9 +322,7 @@ def plan_build_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping
         plan = plan_build(inp.base, inp.overlay_dir, inp.overlay_src, inp.out, "plain", inp.platform, (), False, None,
                           inp.link_base)
     except SparkstackError as exc:
-        unblock = ("sparkstack", "pin", "overlay", "--overlay", str(inp.overlay_dir), "--overlay-src",
-                   str(inp.overlay_src or "DIR")) if "unpinned" in str(exc) else (*rerun, "--dry-run")
-        return Stage("build", BLOCKED, str(exc), rerun, unblock=unblock)
+        return Stage("build", BLOCKED, str(exc), rerun, unblock=_build_unblock(inp, rerun))
     if plan.base_manifest_digest != pinned.manifest.digest:
         return Stage("build", BLOCKED, f"--base {inp.base} is manifest {plan.base_manifest_digest[:19]}, but "
                      f"{inp.pins} pins {pinned.manifest.digest[:19]} for {inp.platform}", rerun,
@@ -547,6 +560,8 @@ def plan_up(inp: UpInputs, environ: Mapping[str, str], last_run: Mapping[str, ob
     from sparkstack.recipe import load_recipe
 
     recipe = load_recipe(inp.recipe)
+    if last_run and last_run.get("recipe") != recipe.name:
+        last_run = None  # another recipe's run: nothing in it speaks for this one
     earlier: dict[str, Stage] = {}
     last = max(STAGES.index(n) for n in inp.stages)
     for name in STAGES:

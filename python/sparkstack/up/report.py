@@ -56,7 +56,7 @@ def stopped_lines(result: UpResult) -> list[str]:
         by.setdefault(r.outcome, []).append(r.stage)
     parts = [f"{what}: {', '.join(by[key])}" for key, what in
              (("done", "done"), ("up to date", "up to date"), ("cut", "cut"), ("failed", "failed"),
-              ("blocked", "blocked"), ("not started", "not started")) if key in by]
+              ("blocked", "blocked"), ("not started", "not started"), ("skipped", "skipped")) if key in by]
     return ["up: " + "; ".join(parts),
             "run `sparkstack up` again: finished stages plan as up to date, and a cut transfer resumes"]
 
@@ -65,7 +65,7 @@ def record_lines(record: dict | None) -> list[str]:
     """The last `up`'s record, as `launch status` shows it: one line per stage."""
     if not record:
         return []
-    lines = [f"last up: {record.get('started_at')} ({record.get('record')})"]
+    lines = [f"last up: recipe {record.get('recipe')}, {record.get('started_at')} ({record.get('record')})"]
     for r in record.get("stages", []):
         took = f" in {r.get('seconds', 0):.1f} s" if r.get("outcome") in ("done", "failed", "cut") else ""
         lines.append(f"  {r.get('stage')}: {r.get('outcome')}{took}")
