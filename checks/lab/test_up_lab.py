@@ -118,7 +118,8 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     assert states(plan) == {"fetch": "will run", "strip": "will run", "build": "blocked", "ship": "blocked",
                             "tune": "will run", "launch": "blocked", "verify": "blocked"}, plan
     build = next(s for s in plan["stages"] if s["stage"] == "build")
-    assert build["unblock"] == f"sparkstack pin base {BASE_REF} --platform linux/amd64 --pins pins.json"
+    # absolute, so that it runs from any directory; shown() takes the lab's work dir off again
+    assert build["unblock"] == f"sparkstack pin base {BASE_REF} --platform linux/amd64 --pins {work}/pins.json"
     assert not hf_hub.exists() and not (work / "image").exists()  # a dry run wrote nothing
     book.run("pin base (the unblock command)", *build["unblock"].split()[1:],
              shown_env={"SPARKSTACK_REGISTRY_MIRROR": world["registry"].url})
@@ -142,7 +143,9 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     assert proc.returncode == 1, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("sparkstack: error:")]
     assert len(errors) == 1 and "up: ship " in errors[0] and "not enough room" in errors[0], proc.stderr
-    assert "run it alone: sparkstack ship --recipe my-recipe.toml --image image --ssh-config ssh_config" in errors[0]
+    # a blocked stage names what unblocks it (ship's own dry run, once there is room), not a rerun
+    assert ("unblock it: sparkstack ship --recipe my-recipe.toml --image image --ssh-config ssh_config"
+            in book.shown(errors[0])), errors[0]
     done = json.loads(proc.stdout)
     assert outcomes(done) == {"fetch": "done", "strip": "done", "build": "done", "ship": "blocked",
                               "tune": "not started", "launch": "not started", "verify": "not started"}
