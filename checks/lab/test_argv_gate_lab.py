@@ -8,12 +8,10 @@ dumped in test setup from SPARKSTACK_VLLM_PYTHON's vLLM. Not the real vLLM in th
 in checks/engine/test_vllm_argv.py. This test proves the docker path: argv passing, exit codes, the one line."""
 
 import json
-import os
 import subprocess
 
 import imagefix
 import pytest
-from conftest import unavailable
 
 from sparkstack.launch.plan import build_plan
 from sparkstack.launch.preflight import argv_gate_checks
@@ -68,9 +66,9 @@ BARE = "sparkstack/argv-gate:no-vllm"
 
 @pytest.fixture(scope="session")
 def gate_images(dockerd, python_rootfs_tar, tmp_path_factory):
-    python = os.environ.get("SPARKSTACK_VLLM_PYTHON")
-    if not python:
-        unavailable("SPARKSTACK_VLLM_PYTHON is not set: the fixture parser is dumped from the real vLLM")
+    from vllm_venv import vllm_python
+
+    python = vllm_python()  # the fixture parser is dumped from the real vLLM
     proc = subprocess.run([python, "-c", DUMP], capture_output=True, text=True, timeout=900,
                           env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -45,3 +45,18 @@ def test_the_slowest_table_reads_a_junit_report(tmp_path):
                       '</testsuite></testsuites>')
     assert slowest.slowest(str(report), 2) == [(12.25, "checks.lab.test_b::test_slow"),
                                                (3.0, "checks.unit.test_c::test_mid")]
+
+
+def test_the_vllm_tier_waits_for_the_install_ci_runs_beside_it(tmp_path):
+    """CI starts pytest before the vLLM venv is installed; a test that needs vLLM waits for the READY file, and a
+    failed (or never finished) install fails it in one line instead of a skip or a hang."""
+    import threading
+
+    from vllm_venv import wait_for_install
+
+    ready = tmp_path / "ready"
+    threading.Timer(0.3, lambda: ready.write_text("ok\n")).start()
+    assert wait_for_install(ready, bound_s=30) is None and ready.exists()
+    ready.write_text("pip failed: see CI's .venv-vllm log\n")
+    assert wait_for_install(ready, bound_s=30) == "the vLLM venv's install failed: pip failed: see CI's .venv-vllm log"
+    assert "never finished" in wait_for_install(tmp_path / "absent", bound_s=0.2)
