@@ -30,6 +30,21 @@ def _wait(what, predicate, bound=BOUND_S):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _top_samples(path):
+    """top's JSON lines so far (click flushes each); a line it is still writing is not one yet."""
+    samples = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            samples.append(json.loads(line))
+        except ValueError:
+            break
+    return samples
+
+
+def _figures(sample):
+    return sample.get("state") == "ok" and sample.get("running") is not None
+
+
 def test_soak_and_top_across_a_real_restart(plain_server, tmp_path):
     log = tmp_path / "soak.jsonl"
     top_out = tmp_path / "top.jsonl"
@@ -42,6 +57,9 @@ def test_soak_and_top_across_a_real_restart(plain_server, tmp_path):
                            stdout=open(top_out, "w"), stderr=subprocess.PIPE, text=True)
     try:
         _wait("three requests before the kill", lambda: sum(r["type"] == "request" for r in _lines(log)) >= 3)
+        # top must have read the old counters before the kill, or there is nothing for the new ones to go back from
+        # (under load its first read came after the kill once: it saw the gap, then counters it had no past for)
+        _wait("top's first figures", lambda: any(map(_figures, _top_samples(top_out))), bound=120)
         plain_server.kill()
         _wait("soak sees /health down", lambda: any(r["type"] == "health" and not r["ok"] for r in _lines(log)))
         plain_server.start().wait_healthy()
@@ -50,6 +68,9 @@ def test_soak_and_top_across_a_real_restart(plain_server, tmp_path):
         _wait("two requests served after the restart",
               lambda: sum(r["type"] == "request" and r["error"] is None
                           and r["t_start"] > after_restart()[0]["t"] for r in _lines(log)) >= 2)
+        _wait("top's figures after the restart",  # top reads on its own clock: its read after the restart, too
+              lambda: (lambda t: bool(t) and _figures(t[-1]) and any(x["state"] != "ok" for x in t))(_top_samples(top_out)),
+              bound=120)
         soak.send_signal(signal.SIGINT)
         out, err = soak.communicate(timeout=120)
         top.send_signal(signal.SIGINT)  # top's way to quit: its lines so far are flushed
