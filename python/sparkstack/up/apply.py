@@ -18,8 +18,8 @@ from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.up.plan import (BLOCKED, SKIPPED, STAGES, UP_TO_DATE, WILL_RUN, Stage, UpInputs, UpPlan, plan_stage, serving,
-                                without_page_cache)
+from sparkstack.up.plan import (BLOCKED, SKIPPED, STAGES, UP_TO_DATE, WILL_RUN, Stage, UpInputs, UpPlan, plan_stage,
+                                serving, without_page_cache)
 
 
 @dataclass(frozen=True)
