@@ -1,6 +1,6 @@
 """A tiny model whose every answer is known in advance, built with transformers and tokenizers, no download.
 
-Run it with the vLLM venv's python (it has transformers, tokenizers and torch):  python build_model.py OUT_DIR
+Run it with the vLLM venv's python (it has transformers, tokenizers and torch):  python build_model.py OUT_DIR [--mtp]
 
 The model is a one-layer Llama whose next token depends only on the current one: the embeddings are one-hot
 (hidden size = vocabulary size), attention and MLP weights are zero (the residual carries the embedding through),
@@ -19,6 +19,16 @@ output:
   <arg_value>celsius</arg_value></tool_call> and its end-of-sequence token.
 Each token has one successor, so a string that occurs twice in an answer needs two tokens: the second argument's
 opening markup is one added token of its own.
+
+With --mtp (off by default) the checkpoint also carries a GLM-style MTP (multi-token prediction) layer, as
+GLM-4.5/4.7 and GLM-5.3 checkpoints do (names as vllm/model_executor/models/glm4_moe_mtp.py and
+vllm/models/glm5next/common/mtp.py load them): a layer at index num_hidden_layers (model.layers.1.*) with layer 0's
+tensors and shapes, plus model.layers.1.enorm / hnorm (RMSNorm weights), eh_proj (hidden x 2*hidden) and
+shared_head.norm / shared_head.head (vocab x hidden), `num_nextn_predict_layers: 1` in config.json, and a
+model.safetensors.index.json (real GLM checkpoints are sharded; sparkstack strip reads the index). vLLM's Llama loader
+has no layer 1, so this checkpoint does not load until strip has removed those tensors and set the count to 0.
+The MTP weights are set, not random: enorm/hnorm 1, eh_proj [I | 0] (it passes the token's embedding), the block's
+tensors zero like layer 0's, shared_head.head = lm_head, so an MTP head would predict the successor too.
 
 The tags are added tokens that are not "special": decoded with skip_special_tokens (vLLM's default without a
 parser), they stay in the text, so a server without parsers shows the markup in content, as a real GLM does.
@@ -75,7 +85,26 @@ def successors(tokens: list[str]) -> dict[str, str]:
     return succ
 
 
-def build(out: Path) -> None:
+MTP_EXTRA = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight")
+
+
+def mtp_tensors(weights: dict, num_hidden_layers: int) -> dict:
+    """GLM-style MTP tensors for a layer at index num_hidden_layers: layer 0's tensors under the new index, plus
+    enorm, hnorm, eh_proj and shared_head.{norm,head}."""
+    import torch
+
+    h = weights["model.norm.weight"].shape[0]
+    src, dst = "model.layers.0.", f"model.layers.{num_hidden_layers}."
+    out = {dst + k[len(src):]: v.clone() for k, v in weights.items() if k.startswith(src)}
+    out[dst + "enorm.weight"] = torch.ones(h)
+    out[dst + "hnorm.weight"] = torch.ones(h)
+    out[dst + "eh_proj.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    out[dst + "shared_head.norm.weight"] = torch.ones(h)
+    out[dst + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    return out
+
+
+def build(out: Path, mtp: bool = False) -> None:
     import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -98,6 +127,8 @@ def build(out: Path) -> None:
                          num_attention_heads=2, num_key_value_heads=2, head_dim=VOCAB_SIZE // 2,
                          max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=False,
                          bos_token_id=ids[EOS], eos_token_id=ids[EOS], pad_token_id=ids[PAD], torch_dtype="float32")
+    if mtp:
+        config.num_nextn_predict_layers = 1
     config.save_pretrained(out)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids[EOS], "pad_token_id": ids[PAD]}))
 
@@ -118,9 +149,18 @@ def build(out: Path) -> None:
     weights["model.layers.0.mlp.gate_proj.weight"] = torch.zeros(inter, h)
     weights["model.layers.0.mlp.up_proj.weight"] = torch.zeros(inter, h)
     weights["model.layers.0.mlp.down_proj.weight"] = torch.zeros(h, inter)
+    if mtp:
+        weights.update(mtp_tensors(weights, config.num_hidden_layers))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
+    if mtp:
+        index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in weights.values())},
+                 "weight_map": {k: "model.safetensors" for k in sorted(weights)}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]))
+    args = [a for a in sys.argv[1:] if a != "--mtp"]
+    if len(args) != 1:
+        sys.exit("usage: build_model.py OUT_DIR [--mtp]")
+    build(Path(args[0]), mtp="--mtp" in sys.argv[1:])
