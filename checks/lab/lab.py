@@ -36,6 +36,10 @@ FABRIC = {"head": "10.0.0.1", "worker": "10.0.0.2"}
 MGMT = {"head": "192.168.250.1", "worker": "192.168.250.2"}
 WORKER_HOME = "/root"  # root's HOME, as sshd sets it; a private tmpfs inside each worker
 DEFAULT_HOME_MIB = int(os.environ.get("SPARKSTACK_LAB_HOME_MIB", "512"))
+# Each host's own shared memory (its own IPC namespace and /dev/shm), as two machines have: with one machine's
+# /dev/shm seen by both, vLLM's ranks (`docker run --ipc host`) find each other's segments, take themselves for one
+# node, and the tensor-parallel boot hangs after the rendezvous.
+OWN_SHM = "mount -t tmpfs -o mode=1777,size=4g sparkstack-lab-shm /dev/shm"
 
 
 def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -227,8 +231,8 @@ class Lab:
         sysfs = host.state / "sysfs"
         sysfs.mkdir(exist_ok=True)
         script = ('mount -t sysfs sysfs "$0" && mount --bind "$0/class/net" /sys/class/net && '
-                  'mount --bind "$0/devices/virtual/net" /sys/devices/virtual/net && exec "$@"')
-        return [*host.nsenter, "unshare", "-m", "--propagation", "private", "sh", "-c", script, str(sysfs)]
+                  f'mount --bind "$0/devices/virtual/net" /sys/devices/virtual/net && {OWN_SHM} && exec "$@"')
+        return [*host.nsenter, "unshare", "-m", "-i", "--propagation", "private", "sh", "-c", script, str(sysfs)]
 
     def _prepare_ssh(self) -> None:
         d = self.ssh_dir
@@ -278,9 +282,9 @@ class Lab:
             for p in dict.fromkeys(x for x in ("/usr/bin/docker", "/usr/local/bin/docker", shutil.which("docker"))
                                    if x and os.path.exists(x)))
         script = ('mount -t sysfs sysfs "$0" && mount --bind "$0/class/net" /sys/class/net && '
-                  'mount --bind "$0/devices/virtual/net" /sys/devices/virtual/net && '
+                  f'mount --bind "$0/devices/virtual/net" /sys/devices/virtual/net && {OWN_SHM} && '
                   f'mount --bind {shlex.quote(str(w.home_mount))} {WORKER_HOME}{hide} && exec "$@"')
-        sh(*w.nsenter, "unshare", "-m", "--propagation", "private", "sh", "-c", script, str(sysfs),
+        sh(*w.nsenter, "unshare", "-m", "-i", "--propagation", "private", "sh", "-c", script, str(sysfs),
            shutil.which("sshd") or "/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log"))
         wait_for(lambda: w.sshd_pidfile.exists(), 10, "sshd", log=d / "sshd.log")
         wait_for(lambda: self.ssh("true", check=False, host=w.name).returncode == 0, 15, f"ssh to {w.name}",
