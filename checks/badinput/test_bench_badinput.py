@@ -146,13 +146,13 @@ def test_ctrl_c_ends_the_bench_at_once_while_streams_are_open(tmp_path):
     import signal
     import subprocess
 
-    from clirun import sparkstack_cmd
+    from clirun import sparkstack_cmd, start
     from inprocess_engine import wait_for
 
     with serving(hang=True) as engine:
-        proc = subprocess.Popen(sparkstack_cmd() + ["bench", engine.url, "--timeout", "3600", "--concurrency", "2",
-                                                    "--rounds", "1", "--category", "code"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = start(sparkstack_cmd() + ["bench", engine.url, "--timeout", "3600", "--concurrency", "2",
+                                         "--rounds", "1", "--category", "code"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             wait_for("both streams sent", lambda: engine.c["requests"] >= 2)
             proc.send_signal(signal.SIGINT)

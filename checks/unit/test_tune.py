@@ -15,7 +15,7 @@ from pathlib import Path
 import hostfix
 import pytest
 import standins
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
 
 TUNE_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"  # where docs/commands/tune.md says tune persists swappiness
 RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
@@ -302,8 +302,8 @@ def test_ctrl_c_says_what_is_true_of_tune(world):
     (slow / "sync").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
     (slow / "sync").chmod(0o755)
     env = {**os.environ, **world["env"], "PATH": f"{slow}:{world['env']['PATH']}"}
-    proc = subprocess.Popen(sparkstack_cmd() + ["tune", "0", "--host-root", str(world["root"])], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start(sparkstack_cmd() + ["tune", "0", "--host-root", str(world["root"])], env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         while not started.exists() and proc.poll() is None:
             time.sleep(0.05)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..endpoint import metrics
 from ..endpoint.client import Endpoint, EndpointError, printable
+from .. import interrupt
 from ..errors import SparkstackError
 from ..verify.run import mask_key
 from . import report
@@ -331,7 +332,7 @@ class Soak:
             self._drain()
             drain_s = self.clock() - drain_from
         except KeyboardInterrupt:
-            ended, detail = "interrupted", "Ctrl-C"
+            ended, detail = "interrupted", interrupt.name()
             with self.cond:
                 self.stopping = self.abandoned = True
                 self.cond.notify_all()
