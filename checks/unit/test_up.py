@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
+from inprocess_engine import wait_for
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 from safetensors import safe_open
 
@@ -195,6 +197,45 @@ def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, t
         assert len(hub.requests("get")) == gets
     record = Path(world["tmp"] / "state/up/last.json")
     assert json.loads(record.read_text())["stages"][0]["stage"] == "fetch"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["term", "hup"])
+def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record(world, tmp_path, sig, code):
+    """`kill` or a hangup while fetch waits on a shard: up stops as on Ctrl-C (its lines, its JSON, its record)
+    and the next `up` finishes from there."""
+    repos = synthetic_repos(tmp_path / "repos")
+    recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
+    shard = sorted(f for f in repos[MODEL].commits[repos[MODEL].refs["main"]] if f.endswith(".safetensors"))[0]
+    with HubStandin(repos) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}
+        hub.faults["stall"] = shard
+        proc = start([*sparkstack_cmd(), "up", "--pins", str(world["pins"]), "--ssh-config", str(world["ssh_config"]),
+                      "--recipe", str(recipe), "--until", "strip", "--yes", "--json"], cwd=world["tmp"],
+                     env={**world["env"], **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for("the stalled shard asked for",
+                     lambda: [r for r in hub.requests("get") if r["file"] == shard] or proc.poll() is not None)
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            hub.released.set()
+        assert proc.returncode == code, err
+        assert "Traceback" not in err
+        name = signal.Signals(sig).name
+        assert err.splitlines()[-2:] == [
+            "up: cut: fetch; not started: strip; skipped: build, ship, tune, launch, verify",
+            "run `sparkstack up` again: finished stages plan as up to date, and a cut transfer resumes"]
+        cut = by_stage(json.loads(out)["result"])["fetch"]
+        assert (cut["outcome"], cut["detail"]) == ("cut", f"interrupted by {name}")
+        record = json.loads((tmp_path / "state/up/last.json").read_text())
+        assert [(s["stage"], s["outcome"]) for s in record["stages"]][:2] == [("fetch", "cut"), ("strip", "not started")]
+        hub.faults.clear()
+        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--yes", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    again = by_stage(json.loads(proc.stdout)["result"])
+    assert (again["fetch"]["outcome"], again["strip"]["outcome"]) == ("done", "done")
 
 
 # ---------------------------------------------------------------- apply_up itself, with stand-in stages
