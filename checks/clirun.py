@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,15 @@ def default_stop_signals() -> None:
 def start(argv: list[str], **popen_kwargs) -> subprocess.Popen:
     """Start a child the test will stop with a signal (sparkstack, or a pytest that does so in turn)."""
     return subprocess.Popen(argv, preexec_fn=default_stop_signals, **popen_kwargs)
+
+
+def gone(pid: int | str) -> bool:
+    """Whether process `pid` has ended: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def need(tool: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import hostfix
 import pytest
 import standins
-from clirun import sparkstack_cmd, start
+from clirun import gone, sparkstack_cmd, start
 from inprocess_engine import wait_for
 
 TUNE_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"  # where docs/commands/tune.md says tune persists swappiness
@@ -316,8 +316,7 @@ def test_ctrl_c_says_what_is_true_of_tune(world, sig, code):
         proc.kill()
     assert proc.returncode == code and "Traceback" not in err, err
     assert "nothing half-written" not in err and "run tune again" in err
-    sync = Path(f"/proc/{started.read_text().strip()}")
-    wait_for("the hanging step stopped", lambda: not sync.exists(), 60)
+    wait_for("the hanging step stopped", lambda: gone(started.read_text().strip()))
     assert out == "rank 0 (local): swappiness: 60 -> 0\n"  # the one step done before the interrupted one
 
 
