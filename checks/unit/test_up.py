@@ -18,7 +18,7 @@ from safetensors import safe_open
 import synth
 from sparkstack.errors import UsageError
 from sparkstack.up import plan as up_plan
-from sparkstack.up.plan import BLOCKED, UP_TO_DATE, WILL_RUN, Stage, stage_range
+from sparkstack.up.plan import BLOCKED, SKIPPED, UP_TO_DATE, WILL_RUN, Stage, stage_range
 
 REF = "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8"
 SHIPPED_PINS = Path(__file__).resolve().parents[2] / "nix/pins.json"
@@ -51,6 +51,16 @@ def test_a_stage_waits_for_what_will_run_and_is_blocked_by_what_is_blocked():
     assert up_plan._held_back("strip", ("x",), {"fetch": stage("fetch", UP_TO_DATE)}) is None
 
 
+def test_a_stage_left_out_by_from_or_until_holds_back_what_needs_it_as_a_block_does():
+    """`up --from launch` with ship not up to date: launch must not run on images or weights the workers lack."""
+    earlier = {"fetch": stage("fetch", SKIPPED), "strip": stage("strip", SKIPPED), "build": stage("build", UP_TO_DATE),
+               "ship": stage("ship", SKIPPED), "tune": stage("tune", SKIPPED)}
+    held = up_plan._held_back("launch", ("sparkstack", "launch"), earlier)
+    assert held is not None and held.state == BLOCKED and held.after == ("ship",)
+    assert held.detail == "needs ship, which is left out by --from/--until and not up to date"
+    assert held.unblock == ("sparkstack", "ship")  # ship's own command
+
+
 def test_verify_counts_as_done_only_against_the_very_launch_that_serves_now():
     launch = stage("launch", UP_TO_DATE, outputs={"run": "r1", "head_started_at": 1700.5})
     record = {"stages": [{"stage": "verify", "outcome": "done",
@@ -61,6 +71,10 @@ def test_verify_counts_as_done_only_against_the_very_launch_that_serves_now():
     assert up_plan._checked_for("verify", {"launch": stage("launch", WILL_RUN, outputs=launch.outputs)}, record) is None
     failed = {"stages": [{**record["stages"][0], "outcome": "failed"}]}
     assert up_plan._checked_for("verify", {"launch": launch}, failed) is None
+    # a verify the last up found up to date passed earlier against this launch: still done, not run again
+    kept = {"stages": [{**record["stages"][0], "outcome": "up to date"}]}
+    assert up_plan._checked_for("verify", {"launch": launch}, kept)["checks"] == 7
+    assert up_plan._checked_for("bench", {"launch": launch}, {"stages": [{**kept["stages"][0], "stage": "bench"}]})
 
 
 @pytest.fixture
@@ -269,6 +283,26 @@ def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_
     assert outcomes == [("fetch", "done"), ("strip", "cut"), ("build", "not started")]
     record = json.loads((tmp_path / "state/up/last.json").read_text())
     assert [s["outcome"] for s in record["stages"]] == ["done", "cut", "not started"]
+
+
+def test_the_live_lines_of_up_mask_the_key_and_escape_control_characters(tmp_path, monkeypatch):
+    """What a stage says while it runs (remote stderr, container log text, bench warnings) goes through the same
+    masking and escaping as the single commands' lines."""
+    from sparkstack.up import apply as up_apply
+
+    key = "sk-LIVE-KEY-42"
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setitem(up_apply.APPLIERS, "fetch", lambda stage, run, advance: run.say(
+        f"the server said: bad key Bearer {key}\x1b[2J\x07") or {})
+    said = []
+
+    class Recording(up_apply.View):
+        def say(self, line):
+            said.append(line)
+
+    plan = up_plan.UpPlan("r", (stage("fetch", WILL_RUN),), None)
+    up_apply.apply_up(plan, inputs(tmp_path, stages=("fetch",)), {"VLLM_API_KEY": key}, Recording())
+    assert said == ["the server said: bad key Bearer ***\\x1b[2J\\x07"]
 
 
 def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypatch):
