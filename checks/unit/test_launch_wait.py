@@ -57,6 +57,32 @@ def test_a_container_dead_without_a_fatal_line_says_it_exited():
     assert str(caught.value) == "rank 1 container glm53-tony-rank1 is exited right after start"
 
 
+class RunningContainer(DeadContainer):
+    """A runner whose container is up, printing the given logs."""
+
+    def run_docker(self, *args, timeout=None):
+        if args[0] == "inspect":
+            return subprocess.CompletedProcess(args, 0, "running 2026-12-01T10:00:00.000000000Z\n", "")
+        return super().run_docker(*args, timeout=timeout)
+
+
+@pytest.mark.parametrize("fatal_rank", [0, 1])
+def test_a_fatal_line_on_any_rank_ends_the_boot_wait_with_its_diagnosis(fatal_rank):
+    """An NCCL error or an OOM on the worker is as fatal as on the head: no hour of waiting on /health."""
+    from sparkstack.launch.apply import watch_boot
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.recipe import load_recipe
+
+    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    runners = {r.rank: RunningContainer(f"INFO starting\n{FATAL_LINE if r.rank == fatal_rank else ''}\n")
+               for r in plan.ranks}
+    with pytest.raises(LaunchFailed) as caught:
+        watch_boot(plan, runners, Timeouts(health_interval_s=0, health_attempts=1), None, lambda line: None)
+    assert str(caught.value).startswith(f"rank {fatal_rank}: fatal boot line at ")
+    assert "out of memory" in str(caught.value).lower()
+    assert FATAL_LINE in caught.value.logs[fatal_rank]
+
+
 # ---------------------------------------------------------------- the boot wait of `launch all`, stopped
 
 
