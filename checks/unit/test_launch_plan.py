@@ -165,6 +165,18 @@ def test_the_recipes_own_knobs_win_over_the_built_in_defaults(run_cli, hf_home, 
     assert doc["ranks"][0]["docker_run"][doc["ranks"][0]["docker_run"].index("--max-model-len") + 1] == "2048"
 
 
+def test_a_nodes_own_nic_and_hca_win_over_the_knobs(run_cli, hf_home, tmp_path):
+    """[[nodes]] nic/hca name one machine's ports; CX_NIC/CX_HCA are the default for nodes that name none."""
+    text = Path("recipes/glm53-flash-dflash2-nvfp4/recipe.toml").read_text()
+    worker = 'ssh = "{WORKER_SSH}"\n'
+    assert text.count(worker) == 1
+    (tmp_path / "r.toml").write_text(text.replace(worker, worker + 'nic = "enp7s0"\nhca = "mlx5_7"\n'))
+    doc = plan_json(run_cli, hf_home, "all", "--recipe", tmp_path / "r.toml", env={"CX_NIC": "enp2s0", "CX_HCA": "mlx5_2"})
+    head, worker_argv = doc["ranks"][0]["docker_run"], doc["ranks"][1]["docker_run"]
+    assert "NCCL_SOCKET_IFNAME=enp2s0" in head and "NCCL_IB_HCA=mlx5_2" in head
+    assert "NCCL_SOCKET_IFNAME=enp7s0" in worker_argv and "NCCL_IB_HCA=mlx5_7" in worker_argv
+
+
 def test_api_key_never_enters_argv_or_json(run_cli, hf_home):
     secret = "sk-very-secret-value"
     proc = run_cli("launch", "all", "--dry-run", "--json", env={"HF_HOME": str(hf_home), "VLLM_API_KEY": secret}, check=0)

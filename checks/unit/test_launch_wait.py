@@ -57,6 +57,27 @@ def test_a_container_dead_without_a_fatal_line_says_it_exited():
     assert str(caught.value) == "rank 1 container glm53-tony-rank1 is exited right after start"
 
 
+class AbsentContainer(DeadContainer):
+    """A runner whose container is gone (removed by --rm, or never created): docker knows no such object."""
+
+    looks = 0
+
+    def run_docker(self, *args, timeout=None):
+        if args[0] == "inspect":
+            self.looks += 1
+            assert self.looks <= 2, "a container that is absent was waited for, look after look"
+            return subprocess.CompletedProcess(args, 1, "", f"Error: No such object: {args[-1]}\n")
+        if args[0] == "logs":
+            return subprocess.CompletedProcess(args, 1, "", f"Error: No such container: {args[-1]}\n")
+        raise AssertionError(args)
+
+
+def test_a_container_absent_right_after_start_is_said_at_once():
+    with pytest.raises(LaunchFailed) as caught:
+        wait_running(rank(), AbsentContainer(""), Timeouts(worker_start_s=3600))
+    assert str(caught.value) == "rank 1 container glm53-tony-rank1 is absent right after start"
+
+
 class RunningContainer(DeadContainer):
     """A runner whose container is up, printing the given logs."""
 

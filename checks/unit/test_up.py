@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from clirun import sparkstack_cmd, start
@@ -283,6 +284,28 @@ def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_
     assert outcomes == [("fetch", "done"), ("strip", "cut"), ("build", "not started")]
     record = json.loads((tmp_path / "state/up/last.json").read_text())
     assert [s["outcome"] for s in record["stages"]] == ["done", "cut", "not started"]
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_ups_tune_drops_the_page_cache_only_before_a_launch(tmp_path, monkeypatch, serving):
+    """A page-cache drop under a serving engine gains nothing; before a launch it frees unified memory."""
+    from sparkstack.tune.plan import RankTune, Step, TunePlan
+    from sparkstack.up import apply as up_apply
+
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    given = []
+    monkeypatch.setitem(up_apply.APPLIERS, "tune", lambda stage, run, advance: given.append(stage) or {})
+    monkeypatch.setitem(up_apply.APPLIERS, "launch", lambda stage, run, advance: {})
+    facts = SimpleNamespace(to_json=dict)  # what the plan read of the host: nothing this test looks at
+    steps = (Step("swappiness", "60", "0", (), ""), Step("page-cache", "12 GiB cached", "dropped", (), ""))
+    tune_plan = TunePlan("r", "0,2000", "/", (RankTune(0, "head", "local", False, facts, steps, (), ()),))
+    tune = stage("tune", WILL_RUN, work=(tune_plan, {}))
+    launch = stage("launch", UP_TO_DATE if serving else WILL_RUN)
+    monkeypatch.setattr(up_apply, "plan_stage", lambda name, *args: launch)  # planned again after tune: the same
+    up_apply.apply_up(up_plan.UpPlan("r", (tune, launch), None), inputs(tmp_path, stages=("tune", "launch")), {})
+    (ran,) = given
+    assert [s.name for r in ran.work[0].ranks for s in r.steps] == (["swappiness"] if serving else
+                                                                     ["swappiness", "page-cache"])
 
 
 def test_the_live_lines_of_up_mask_the_key_and_escape_control_characters(tmp_path, monkeypatch):
