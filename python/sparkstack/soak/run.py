@@ -18,9 +18,9 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .. import interrupt
 from ..endpoint import metrics
 from ..endpoint.client import Endpoint, EndpointError, printable
-from .. import interrupt
 from ..errors import SparkstackError
 from ..verify.run import mask_key
 from . import report
