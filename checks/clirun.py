@@ -2,7 +2,10 @@
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,33 @@ import pytest
 def sparkstack_cmd() -> list[str]:
     """The interpreter running the tests, `-m sparkstack.cli`: no installed script needed."""
     return [sys.executable, "-m", "sparkstack.cli"]
+
+
+# The signals a test sends to stop a child. A shell that starts a job with `&` and no job control (a script, cron,
+# `nohup ... &`) leaves SIGINT ignored, nohup leaves SIGHUP ignored, and an ignored signal stays ignored across
+# exec: a child started under such a suite would never see the test's signal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT)
+
+
+def default_stop_signals() -> None:
+    """preexec_fn: the stop signals at their defaults and unblocked in the child, whatever the suite inherited."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def start(argv: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start a child the test will stop with a signal (sparkstack, or a pytest that does so in turn)."""
+    return subprocess.Popen(argv, preexec_fn=default_stop_signals, **popen_kwargs)
+
+
+def gone(pid: int | str) -> bool:
+    """Whether process `pid` has ended: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def need(tool: str) -> str:

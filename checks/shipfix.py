@@ -3,7 +3,7 @@
 The fake ssh runs its remote command here, with HOME set to that target's own dir (so "what the host
 has" is really separate from the head's files), and with XDG_DATA_HOME and HF_HOME unset, as a login
 over ssh would be. A target may instead fail like ssh does (a wrong host key), or have no docker on
-its PATH. With "count_stdin", the fake ssh relays its stdin and logs how many bytes went to the host
+its PATH, or never answer ("stall": FILE, where it writes its pid). With "count_stdin", the fake ssh relays its stdin and logs how many bytes went to the host
 ("stdin_bytes"): what crossed the wire, every attempt included. The fake docker keeps "loaded" images
 (and their layers' diff_ids) in a state file in that HOME; `load` reads its stdin as a tar stream,
 records whether it was a pipe, checks every blobs/sha256/<hex> member against <hex>, and, like docker,
@@ -33,6 +33,12 @@ if t is None:
 if t.get("fail"):
     print(t["fail"], file=sys.stderr)
     sys.exit(255)
+if t.get("stall"):  # a connection that never answers: says its pid (written whole), then waits to be stopped
+    with open(t["stall"] + ".new", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(t["stall"] + ".new", t["stall"])
+    import time
+    time.sleep(3600)
 env = {k: v for k, v in os.environ.items() if k not in ("XDG_DATA_HOME", "HF_HOME", "PYTHONPATH")}
 env.update(HOME=t["home"], FAKE_STATE=os.path.join(t["home"], ".engine.json"))
 if t.get("path") is not None:

@@ -141,25 +141,26 @@ def test_a_restarted_server_stops_the_bench(run_cli):
     assert "c=1 code: the server's counters went back during round 1" in one_error_line(proc)
 
 
-def test_ctrl_c_ends_the_bench_at_once_while_streams_are_open(tmp_path):
-    """Streams that never answer must not hold Ctrl-C back for --timeout (an hour here)."""
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_ctrl_c_ends_the_bench_at_once_while_streams_are_open(tmp_path, sig, code):
+    """Streams that never answer must not hold Ctrl-C back for --timeout (an hour here); nor `kill`, nor a hangup."""
     import signal
     import subprocess
 
-    from clirun import sparkstack_cmd
+    from clirun import sparkstack_cmd, start
     from inprocess_engine import wait_for
 
     with serving(hang=True) as engine:
-        proc = subprocess.Popen(sparkstack_cmd() + ["bench", engine.url, "--timeout", "3600", "--concurrency", "2",
-                                                    "--rounds", "1", "--category", "code"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = start(sparkstack_cmd() + ["bench", engine.url, "--timeout", "3600", "--concurrency", "2",
+                                         "--rounds", "1", "--category", "code"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             wait_for("both streams sent", lambda: engine.c["requests"] >= 2)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(getattr(signal, sig))
             _, err = proc.communicate(timeout=60)  # a bound on the test, far below the --timeout
         finally:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err and "interrupted" in err
 
 

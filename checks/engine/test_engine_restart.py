@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
 import pytest
 
 # The servers are booted once per worker: every test that uses them runs on one (docs/testing.md, the real-engine tier: --dist loadgroup).
@@ -48,13 +48,13 @@ def _figures(sample):
 def test_soak_and_top_across_a_real_restart(plain_server, tmp_path):
     log = tmp_path / "soak.jsonl"
     top_out = tmp_path / "top.jsonl"
-    soak = subprocess.Popen(sparkstack_cmd() + ["soak", plain_server.url, "--duration", "30m", "--concurrency", "1",
-                                                "--window", "20s", "--log", str(log), "--health-interval", "0.5",
-                                                "--dead-after", "15m", "--max-tokens", "32", "--temperature", "0",
-                                                "--timeout", "30", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    top = subprocess.Popen(sparkstack_cmd() + ["top", plain_server.url, "--json", "--interval", "0.5"],
-                           stdout=open(top_out, "w"), stderr=subprocess.PIPE, text=True)
+    soak = start(sparkstack_cmd() + ["soak", plain_server.url, "--duration", "30m", "--concurrency", "1",
+                                     "--window", "20s", "--log", str(log), "--health-interval", "0.5",
+                                     "--dead-after", "15m", "--max-tokens", "32", "--temperature", "0",
+                                     "--timeout", "30", "--json"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    top = start(sparkstack_cmd() + ["top", plain_server.url, "--json", "--interval", "0.5"],
+                stdout=open(top_out, "w"), stderr=subprocess.PIPE, text=True)
     try:
         _wait("three requests before the kill", lambda: sum(r["type"] == "request" for r in _lines(log)) >= 3)
         # top must have read the old counters before the kill, or there is nothing for the new ones to go back from

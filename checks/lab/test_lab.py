@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import start
 from conftest import require
 from lab import FABRIC, FABRIC_IF, lab_leftovers, state_dir
 
@@ -183,9 +184,9 @@ def test_lab_leaves_nothing_behind(tmp_path):
     for mode in ("fail", "interrupt"):
         root, tag = tmp_path / mode, f"t{mode[0]}{os.getpid()}"
         env = dict(os.environ, SPARKSTACK_LAB_ROOT=str(root), SPARKSTACK_LAB_TAG=tag, SPARKSTACK_LAB_CHILD=mode)
-        child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
-                                  str(HERE / "lab_child_session.py")], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parents[1])
+        child = start([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+                       str(HERE / "lab_child_session.py")], env=env,
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parents[1])
         deadline = time.monotonic() + 60
         while not (root / "ready").exists():
             if child.poll() is not None or time.monotonic() > deadline:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import shiplab
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
 from hub_standin import DRAFTER, MODEL, HubStandin, files_of
 from huggingface_hub import scan_cache_dir
 from lab import FABRIC_IF, in_netns, machine_processes, veth_bytes
@@ -155,9 +155,9 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
 
     # 3. Disk freed; up again, cut by Ctrl-C while the big blob is on its way.
     fab0 = veth_bytes(lab.head, FABRIC_IF)
-    proc = subprocess.Popen(["ip", "netns", "exec", lab.head.netns, *sparkstack_cmd(), *up_argv("--yes")],
-                            cwd=work, env=book.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start(["ip", "netns", "exec", lab.head.netns, *sparkstack_cmd(), *up_argv("--yes")],
+                 cwd=work, env=book.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 start_new_session=True)
     drafter_blobs = lab.worker.path(f"{shiplab.WORKER_HUB}/models--incoai--GLM-5.3-Flash-DFlash2/blobs")
 
     def partials() -> list:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
 from hub_standin import (
     DRAFTER,
     MODEL,
@@ -217,20 +217,29 @@ def test_a_failed_fetch_publishes_nothing_and_the_next_one_resumes_from_what_fin
     assert not (world["hf"] / "hub" / MODEL_ENTRY / ".no_exist").exists()  # the 404 met before is not published
 
 
-def test_a_fetch_killed_mid_file_publishes_nothing_and_the_next_one_finishes_clean(run_cli, world):
+# SIGKILL leaves what a crash leaves; SIGTERM and SIGHUP stop it as Ctrl-C does, with the same partials kept
+@pytest.mark.parametrize("sig,code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["kill", "term", "hup"])
+def test_a_fetch_killed_mid_file_publishes_nothing_and_the_next_one_finishes_clean(run_cli, world, sig, code):
     pinned = world["pinned"][MODEL]
     files = world["repos"][MODEL].commits[pinned]
     world["hub"].faults["stall"] = SHARD
     recipe = recipe_copy(world["tmp"] / "recipe.toml", *world["pinned"].values())
-    proc = subprocess.Popen(sparkstack_cmd() + ["fetch", "--recipe", str(recipe)], env={**os.environ, **world["env"]},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start(sparkstack_cmd() + ["fetch", "--recipe", str(recipe)], env={**os.environ, **world["env"]},
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while not [r for r in world["hub"].requests("get") if r["file"] == SHARD] and proc.poll() is None:
             time.sleep(0.05)  # until half the shard has gone out and the rest is held back
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, sig)
+        err = proc.communicate(timeout=60)[1]
     finally:
+        proc.kill()
         proc.wait()
         world["hub"].released.set()
+    assert proc.returncode == code, err
+    if sig != signal.SIGKILL:
+        assert err.splitlines() == [f"sparkstack: interrupted by {signal.Signals(sig).name} "
+                                    "(outputs are published atomically: nothing half-written)"]
     hub_dir = world["hf"] / "hub"
     assert not (hub_dir / MODEL_ENTRY).exists()
     assert list((hub_dir / ".sparkstack-fetch").rglob("*.incomplete"))  # huggingface_hub's temp file, left by the kill

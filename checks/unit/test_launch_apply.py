@@ -11,6 +11,28 @@ from clirun import sparkstack_cmd
 from headfix import free_port, serve
 
 
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_a_head_whose_first_tokens_are_reasoning_has_answered(tmp_path, field):
+    """GLM thinks first: vLLM's reasoning parser streams those tokens as `reasoning` (older: `reasoning_content`),
+    and a launch asking for 8 tokens may see no `content` at all. That is still a first token."""
+    port = free_port()
+    chunk = json.dumps({"choices": [{"delta": {field: "Let me"}}]}).encode()
+    server = serve(port, b"data: " + chunk + b"\n\ndata: [DONE]\n\n")
+    standins.install(tmp_path / "bin")
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", RECORD_LOG=str(tmp_path / "calls.jsonl"),
+               HF_HOME=str(hostfix.write_hub(tmp_path / "hf")), API_PORT=str(port),
+               SPARKSTACK_STATE_DIR=str(tmp_path / "state"))
+    try:
+        proc = subprocess.run(sparkstack_cmd() + ["launch", "0", "--json", "--host-root",
+                                                  str(hostfix.write_host(tmp_path / "root")),
+                                                  "--health-interval", "0", "--health-attempts", "3"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["boot"]["ttft_s"] is not None
+
+
 @pytest.mark.parametrize("stream", [b'data: {"error": 1}\n\n', b"data: not json\n\n", b'data: {"choices": []}\n\n',
                                     b'data: {"choices": [{"delta": "x"}]}\n\n', b"data: " + b"[" * 100000 + b"\n\n"])
 def test_a_healthy_head_streaming_garbage_fails_with_one_line(tmp_path, stream):

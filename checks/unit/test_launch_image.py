@@ -44,6 +44,9 @@ def test_precedence_env_then_flag_then_recipe(run_cli, world):
     assert env["image_source"] == "env" and env["image"] == "mine:1"
     for rank in env["ranks"]:
         assert "mine:1" in rank["docker_run"] and "registry.example/vllm:v9" not in rank["docker_run"]
+    # the flag the user gave lost: the plan says so, and says nothing when nothing lost
+    assert "IMAGE is set in the environment: it wins over --image" in env["notes"]
+    assert not any("--image" in note for note in flag["notes"] + plan(run_cli, world, env={"IMAGE": "mine:1"})["notes"])
 
 
 def test_a_built_layout_runs_by_its_content_addressed_tag(run_cli, world):
@@ -87,3 +90,20 @@ def test_a_bad_image_flag_is_one_line(run_cli, world, value):
         value = str(junk)
     proc = run_cli("launch", "0", "--dry-run", "--image", value, env=world["env"])
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1 and "--image" in proc.stderr
+
+
+def test_launch_of_a_worker_alone_loads_nothing_on_the_head_and_records_the_workers_image(run_cli, world):
+    """`launch 1 --image LAYOUT`: the head, not launched, is not touched (its load is for `launch 0`/`all`), and
+    the run record names the image the started rank holds."""
+    digest = world["result"]["config_digest"]
+    env = {**world["env"], "STANDIN_IMAGE_ID": "", "STANDIN_REMOTE_IMAGE_ID": digest,
+           "STANDIN_REMOTE_RECORD_LOG": str(world["tmp"] / "worker.jsonl"),
+           "SPARKSTACK_STATE_DIR": str(world["tmp"] / "state")}
+    proc = run_cli("launch", "1", "--image", world["built"], "--host-root", world["root"], "--worker-delay", "0",
+                   "--json", env=env, check=0)
+    head = standins.recorded(Path(world["env"]["RECORD_LOG"]))
+    assert not [c for c in head if c[0] == "docker" and ("load" in c or "run" in c)]
+    worker = standins.recorded(world["tmp"] / "worker.jsonl")
+    assert [c for c in worker if c[:2] == ["docker", "run"]]
+    record = json.loads(Path(json.loads(proc.stdout)["record"]).read_text())
+    assert record["image_id"] == digest

@@ -146,6 +146,37 @@ def test_worker_ssh_knob_sets_the_worker_target(run_cli, hf_home):
     assert doc["ranks"][1]["ssh"] == "me@spark-2" and doc["ranks"][0]["ssh"] is None
 
 
+def test_the_recipes_own_knobs_win_over_the_built_in_defaults(run_cli, hf_home, tmp_path):
+    """The shipped recipe's [knobs] equal the defaults, so only a recipe with other values shows whose they are."""
+    text = Path("recipes/glm53-flash-dflash2-nvfp4/recipe.toml").read_text()
+    mine = {"WORKER_SSH": "me@spark-7", "MAX_MODEL_LEN": "65536", "KV_CACHE_MEMORY": "4294967296", "CX_NIC": "enp9s0"}
+    for knob, value in mine.items():
+        line = next(line for line in text.splitlines() if line.startswith(f"{knob} = "))
+        text = text.replace(line, f'{knob} = "{value}"')
+    (tmp_path / "r.toml").write_text(text)
+    doc = plan_json(run_cli, hf_home, "all", "--recipe", tmp_path / "r.toml")
+    head = doc["ranks"][0]["docker_run"]
+    assert doc["ranks"][1]["ssh"] == "me@spark-7"
+    assert head[head.index("--max-model-len") + 1] == "65536"
+    assert head[head.index("--kv-cache-memory-bytes") + 1] == "4294967296"
+    assert "NCCL_SOCKET_IFNAME=enp9s0" in head
+    # and the environment still wins over the recipe
+    doc = plan_json(run_cli, hf_home, "all", "--recipe", tmp_path / "r.toml", env={"MAX_MODEL_LEN": "2048"})
+    assert doc["ranks"][0]["docker_run"][doc["ranks"][0]["docker_run"].index("--max-model-len") + 1] == "2048"
+
+
+def test_a_nodes_own_nic_and_hca_win_over_the_knobs(run_cli, hf_home, tmp_path):
+    """[[nodes]] nic/hca name one machine's ports; CX_NIC/CX_HCA are the default for nodes that name none."""
+    text = Path("recipes/glm53-flash-dflash2-nvfp4/recipe.toml").read_text()
+    worker = 'ssh = "{WORKER_SSH}"\n'
+    assert text.count(worker) == 1
+    (tmp_path / "r.toml").write_text(text.replace(worker, worker + 'nic = "enp7s0"\nhca = "mlx5_7"\n'))
+    doc = plan_json(run_cli, hf_home, "all", "--recipe", tmp_path / "r.toml", env={"CX_NIC": "enp2s0", "CX_HCA": "mlx5_2"})
+    head, worker_argv = doc["ranks"][0]["docker_run"], doc["ranks"][1]["docker_run"]
+    assert "NCCL_SOCKET_IFNAME=enp2s0" in head and "NCCL_IB_HCA=mlx5_2" in head
+    assert "NCCL_SOCKET_IFNAME=enp7s0" in worker_argv and "NCCL_IB_HCA=mlx5_7" in worker_argv
+
+
 def test_api_key_never_enters_argv_or_json(run_cli, hf_home):
     secret = "sk-very-secret-value"
     proc = run_cli("launch", "all", "--dry-run", "--json", env={"HF_HOME": str(hf_home), "VLLM_API_KEY": secret}, check=0)

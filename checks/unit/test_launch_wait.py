@@ -2,9 +2,16 @@
 fatal line and exited before launch first looked), and the user got "exited right after start" instead of the
 diagnosis the boot wait gives. Here the container is dead at the first look, every time."""
 
+import os
+import signal
 import subprocess
 
+import hostfix
 import pytest
+import standins
+from clirun import sparkstack_cmd, start
+from headfix import free_port
+from inprocess_engine import wait_for
 
 from sparkstack.launch.apply import LaunchFailed, Timeouts, wait_running
 from sparkstack.launch.plan import RankPlan
@@ -48,3 +55,81 @@ def test_a_container_dead_without_a_fatal_line_says_it_exited():
     with pytest.raises(LaunchFailed) as caught:
         wait_running(rank(), DeadContainer("INFO starting\n"), Timeouts())
     assert str(caught.value) == "rank 1 container glm53-tony-rank1 is exited right after start"
+
+
+class AbsentContainer(DeadContainer):
+    """A runner whose container is gone (removed by --rm, or never created): docker knows no such object."""
+
+    looks = 0
+
+    def run_docker(self, *args, timeout=None):
+        if args[0] == "inspect":
+            self.looks += 1
+            assert self.looks <= 2, "a container that is absent was waited for, look after look"
+            return subprocess.CompletedProcess(args, 1, "", f"Error: No such object: {args[-1]}\n")
+        if args[0] == "logs":
+            return subprocess.CompletedProcess(args, 1, "", f"Error: No such container: {args[-1]}\n")
+        raise AssertionError(args)
+
+
+def test_a_container_absent_right_after_start_is_said_at_once():
+    with pytest.raises(LaunchFailed) as caught:
+        wait_running(rank(), AbsentContainer(""), Timeouts(worker_start_s=3600))
+    assert str(caught.value) == "rank 1 container glm53-tony-rank1 is absent right after start"
+
+
+class RunningContainer(DeadContainer):
+    """A runner whose container is up, printing the given logs."""
+
+    def run_docker(self, *args, timeout=None):
+        if args[0] == "inspect":
+            return subprocess.CompletedProcess(args, 0, "running 2026-12-01T10:00:00.000000000Z\n", "")
+        return super().run_docker(*args, timeout=timeout)
+
+
+@pytest.mark.parametrize("fatal_rank", [0, 1])
+def test_a_fatal_line_on_any_rank_ends_the_boot_wait_with_its_diagnosis(fatal_rank):
+    """An NCCL error or an OOM on the worker is as fatal as on the head: no hour of waiting on /health."""
+    from sparkstack.launch.apply import watch_boot
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.recipe import load_recipe
+
+    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    runners = {r.rank: RunningContainer(f"INFO starting\n{FATAL_LINE if r.rank == fatal_rank else ''}\n")
+               for r in plan.ranks}
+    with pytest.raises(LaunchFailed) as caught:
+        watch_boot(plan, runners, Timeouts(health_interval_s=0, health_attempts=1), None, lambda line: None)
+    assert str(caught.value).startswith(f"rank {fatal_rank}: fatal boot line at ")
+    assert "out of memory" in str(caught.value).lower()
+    assert FATAL_LINE in caught.value.logs[fatal_rank]
+
+
+# ---------------------------------------------------------------- the boot wait of `launch all`, stopped
+
+
+@pytest.mark.parametrize("sig,code,by", [(signal.SIGINT, 130, ""), (signal.SIGTERM, 143, " by SIGTERM"),
+                                         (signal.SIGHUP, 129, " by SIGHUP")], ids=["ctrl-c", "term", "hup"])
+def test_a_stop_signal_in_the_boot_wait_ends_launch_as_ctrl_c_does(tmp_path, sig, code, by):
+    """Both ranks started, the head never healthy: launch waits on /health. Ctrl-C, `kill` or a hangup there end it
+    in one line with 128 + the signal's number, and leave the containers to boot (`launch stop` removes them)."""
+    standins.install(tmp_path / "bin")
+    head_log = tmp_path / "head.jsonl"
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", RECORD_LOG=str(head_log),
+               STANDIN_REMOTE_RECORD_LOG=str(tmp_path / "worker.jsonl"), HF_HOME=str(hostfix.write_hub(tmp_path / "hf")),
+               API_PORT=str(free_port()), SPARKSTACK_STATE_DIR=str(tmp_path / "state"), VLLM_API_KEY="k")
+    proc = start(sparkstack_cmd() + ["launch", "all", "--host-root", str(hostfix.write_host(tmp_path / "root")),
+                                     "--worker-delay", "0", "--health-interval", "0.1", "--health-attempts", "100000"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        started = lambda: head_log.exists() and any(c[:2] == ["docker", "run"] for c in standins.recorded(head_log))  # noqa: E731
+        wait_for("the head's container started", lambda: started() or proc.poll() is not None)
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (f"sparkstack: interrupted{by} (outputs are published atomically: "
+                                    "nothing half-written)")
+    ran = standins.recorded(head_log) + standins.recorded(tmp_path / "worker.jsonl")
+    assert [c[1] for c in ran if c[0] == "docker" and c[1] in ("run", "rm")] == ["run", "run"]

@@ -240,3 +240,39 @@ def test_mtp_strip_check_reads_what_strip_really_wrote(run_cli, world, tmp_path,
         assert checks["mtp-strip"]["status"] == "fail" and mtp_shards[0] in checks["mtp-strip"]["detail"]
     else:
         assert checks["mtp-strip"]["status"] == "pass", checks["mtp-strip"]
+
+
+class ContainerHost:
+    """docker as it answers about containers: `ps` lists the running ones, `ps -a` the exited ones too."""
+
+    label = "host"
+
+    def __init__(self, containers: dict[str, str]) -> None:
+        self.containers = containers  # name -> state
+
+    def run_docker(self, *args, timeout=None):
+        import subprocess
+
+        if args[:2] == ("image", "inspect"):
+            return subprocess.CompletedProcess(args, 0, "sha256:" + "a" * 64 + "\n", "")
+        if args[0] == "ps":
+            name = args[args.index("--filter") + 1].removeprefix("name=^").removesuffix("$")
+            state = self.containers.get(name)
+            listed = state is not None and ("-a" in args or state == "running")
+            return subprocess.CompletedProcess(args, 0, f"{name} {state}\n" if listed else "", "")
+        raise AssertionError(f"not asked of docker here: {args}")
+
+
+def test_an_exited_container_holding_a_ranks_name_fails_preflight():
+    """`docker run --name` fails on an exited container as on a running one, mid-launch, after the worker started:
+    preflight must count both."""
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.preflight import docker_checks
+    from sparkstack.recipe import load_recipe
+
+    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    worker = plan.ranks[1].name
+    checks = docker_checks(plan, {0: ContainerHost({}), 1: ContainerHost({worker: "exited"})}, gates=False)
+    stale = {c.rank: (c.status, c.detail) for c in checks if c.name == "stale-container"}
+    assert stale[0][0] == "pass"
+    assert stale[1][0] == "fail" and f"{worker} exited" in stale[1][1]

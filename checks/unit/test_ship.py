@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from huggingface_hub import scan_cache_dir
 import hostfix
 import imagefix as fx
 import shipfix
-from clirun import sparkstack_cmd
+from clirun import gone, sparkstack_cmd, start
+from inprocess_engine import wait_for
 from killfix import loader_view, run_killed_before
 from sparkstack import hfcache
 from sparkstack.hfcache import entry_for_copy
@@ -213,6 +215,32 @@ def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(
     (part,) = out["weights"]
     assert part["bytes_resumed"] == 0 and part["bytes_sent"] == victim.size and part["blobs_sent"] == 1
     assert dest.read_bytes() == data
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["ctrl-c", "term", "hup"])
+def test_a_stop_signal_stops_ship_and_its_ssh_too(world, sig, code):
+    """A host that never answers holds ship in its probe. Ctrl-C reaches ship and its ssh (the terminal signals the
+    whole group); `kill` and a hangup reach ship alone, and ship passes them on: no ssh is left behind."""
+    pidfile = world["tmp"] / "ssh.pid"
+    targets = json.loads(world["env"]["FAKE_TARGETS"])
+    targets["w1"]["stall"] = str(pidfile)
+    env = dict(world["env"], FAKE_TARGETS=json.dumps(targets))
+    proc = start(sparkstack_cmd() + ["ship", "w1", "--no-image", "--model", MODEL], env=env, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for("ship's ssh started", lambda: pidfile.exists() or proc.poll() is not None)
+        ssh = pidfile.read_text()
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C: the foreground group
+        else:
+            proc.send_signal(sig)  # `kill PID`: ship alone
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("sparkstack: interrupted")
+    wait_for("ship's ssh gone", lambda: gone(ssh))
 
 
 def _count_wire_bytes(world, *hosts) -> None:

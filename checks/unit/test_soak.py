@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 import standins
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
 from inprocess_engine import Behaviour, Engine, serving, wait_for
 from sparkstack.bench import suite as bench_suite
 from sparkstack.endpoint.client import Endpoint
@@ -39,8 +39,8 @@ def of_type(records, kind):
 
 
 def soak(url, log, *extra):
-    return subprocess.Popen(sparkstack_cmd() + ["soak", url, "--log", str(log), *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return start(sparkstack_cmd() + ["soak", url, "--log", str(log), *extra], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
 
 
 def wait_until_drained(log, downs):
@@ -116,20 +116,26 @@ def test_failures_flaps_and_one_restart_are_counted_exactly(tmp_path):
             assert r["ttft_s"] <= r["e2e_s"]
 
 
-def test_ctrl_c_prints_the_summary_so_far_and_keeps_the_log(tmp_path):
+# Ctrl-C, `kill` and a closed terminal stop a soak alike; the exit code is 128 + the signal's number.
+STOPS = [pytest.param(signal.SIGINT, 130, "", id="ctrl-c"), pytest.param(signal.SIGTERM, 143, " by SIGTERM", id="term"),
+         pytest.param(signal.SIGHUP, 129, " by SIGHUP", id="hup")]
+
+
+@pytest.mark.parametrize("sig,code,by", STOPS)
+def test_ctrl_c_prints_the_summary_so_far_and_keeps_the_log(tmp_path, sig, code, by):
     log = tmp_path / "soak.jsonl"
     with serving(step_delay=0.05) as engine:
         proc = soak(engine.url, log, "--duration", "10m", "--window", "1s", "--health-interval", "0.2",
                     "--concurrency", "2")
         try:
             wait_for("five finished requests", lambda: len(of_type(log_records(log), "request")) >= 5)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             out, err = proc.communicate(timeout=WAIT_S)
         finally:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "interrupted" in out and "tokens served" in out and "errors by kind: none" in out
-    assert err.strip().splitlines()[-1].startswith("sparkstack: interrupted: the summary so far is above")
+    assert err.strip().splitlines()[-1].startswith(f"sparkstack: interrupted{by}: the summary so far is above")
     assert "Traceback" not in err
     records = [json.loads(line) for line in log.read_text().splitlines()]  # intact: every line parses
     assert records[0]["type"] == "start" and records[-1]["type"] == "summary"
@@ -257,6 +263,34 @@ def test_the_trend_is_first_versus_last_hour_past_two_hours():
     assert short["by"] == "window" and short["first"]["windows"] == [0] and short["last"]["windows"] == [2]
 
 
+def test_a_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops_the_soak(tmp_path):
+    """Started as `nohup ... &` starts it (SIGINT and SIGHUP ignored): those two change nothing, SIGTERM stops it."""
+    def as_nohup_and():
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+
+    log = tmp_path / "soak.jsonl"
+    with serving(step_delay=0.05) as engine:
+        proc = subprocess.Popen(sparkstack_cmd() + ["soak", engine.url, "--log", str(log), "--duration", "10m",
+                                                    "--window", "1s", "--health-interval", "0.2", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_nohup_and)
+        try:
+            wait_for("three finished requests", lambda: len(of_type(log_records(log), "request")) >= 3)
+            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGHUP)
+            after = len(of_type(log_records(log), "request"))
+            # a soak that took either signal would end here; this one goes on serving requests
+            wait_for("three more finished requests", lambda: len(of_type(log_records(log), "request")) >= after + 3)
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert json.loads(out)["ended"] == "interrupted" and "Traceback" not in err
+    assert of_type(log_records(log), "summary")[0]["end_detail"] == "SIGTERM"
+
+
 def test_a_container_start_time_that_moved_is_a_restart(tmp_path):
     """With --recipe and the URL at the recipe's API port here, launch status (the docker stand-in) is asked
     once per window; the test moves the container's start time by an hour while the engine's counters go on."""
@@ -268,10 +302,10 @@ def test_a_container_start_time_that_moved_is_a_restart(tmp_path):
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RECORD_LOG=str(tmp_path / "calls.jsonl"),
                    STANDIN_STARTED_AT_FILE=str(started), API_PORT=str(engine.server.server_address[1]),
                    HF_HOME=str(tmp_path / "hf"), SPARKSTACK_RECIPES="")
-        proc = subprocess.Popen(sparkstack_cmd() + ["soak", engine.url, "--log", str(log), "--duration", "10m",
-                                                    "--window", "1s", "--health-interval", "0.2", "--recipe",
-                                                    "glm53-flash-dflash2-nvfp4", "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = start(sparkstack_cmd() + ["soak", engine.url, "--log", str(log), "--duration", "10m",
+                                         "--window", "1s", "--health-interval", "0.2", "--recipe",
+                                         "glm53-flash-dflash2-nvfp4", "--json"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             wait_for("a first window", lambda: of_type(log_records(log), "window"))
             started.write_text("2026-11-29T01:00:00.000000000Z\n")

@@ -5,6 +5,8 @@ counts sampled tokens honest sampling would not draw. Against the in-process sta
 import json
 import math
 
+import pytest
+
 from inprocess_engine import serving
 
 from sparkstack.endpoint import stats
@@ -95,3 +97,20 @@ def test_chunks_that_do_not_time_the_decode_give_no_itl_even_when_their_gaps_loo
     notes = " ".join(cell.notes())
     assert "ITL percentiles withheld" in notes and "the server's mean ITL is 2.19 ms" in notes
     assert cell.figures["per_stream_tok_s"] == 127 / 0.278  # the server's clock, not the burst's
+
+
+@pytest.mark.parametrize("chunk_gap_s,doubted", [(0.016, True), (0.00025, True), (0.0021, False)],
+                         ids=["coalesced", "burst", "agrees"])
+def test_chunk_gaps_are_doubted_when_they_stand_apart_from_the_servers_itl_either_way(chunk_gap_s, doubted):
+    """`--stream-interval 8` sends a chunk per 8 engine steps: gaps 8x the server's 2 ms ITL are not ITLs, no more
+    than a burst's gaps 8x below it are; gaps near it stand."""
+    from sparkstack.endpoint.client import StreamResult
+    from sparkstack.endpoint.metrics import ServerTiming
+    from sparkstack.endpoint.timing import decode_doubt, itl_doubt
+
+    times = tuple(0.1 + chunk_gap_s * i for i in range(17))
+    stream = StreamResult(0.1, times[0], times[-1], times, "x", "", None, (), "stop", {"completion_tokens": 17}, 18)
+    # the server's own clock: 16 steps of 2 ms
+    server = ServerTiming(requests=1, decode_s=16 * 0.002, decoded_tokens=16, itl_mean_s=0.002, tpot_mean_s=0.002)
+    assert (itl_doubt([stream], server) is not None) == doubted
+    assert (decode_doubt([stream], server) is not None) == doubted

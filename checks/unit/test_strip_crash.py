@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import synth
+from clirun import start
 
 MIB = 1 << 20
 MIXED = "model-00002-of-00002.safetensors"
@@ -26,18 +27,19 @@ def _write_big_model(flat: Path, fill: bytes) -> None:
     (flat / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
 
 
-def _kill_mid_rewrite(entry: Path) -> None:
+def _kill_mid_rewrite(entry: Path, sig: int = signal.SIGKILL) -> tuple[int, str]:
+    """Start strip, send `sig` in the middle of a shard's rewrite; its exit code and stderr."""
     cmd = [sys.executable, "-m", "sparkstack.cli", "strip", str(entry)]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, SPARKSTACK_COPY_METHOD="readwrite"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start(cmd, env=dict(os.environ, SPARKSTACK_COPY_METHOD="readwrite"),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
             partial = [p for p in entry.parent.glob(".sparkstack-*/blobs/.*.partial") if p.stat().st_size > 8 * MIB]
             if partial:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                return
+                proc.send_signal(sig)
+                err = proc.communicate(timeout=60)[1]
+                return proc.returncode, err
             if proc.poll() is not None:
                 pytest.fail("strip finished before it could be killed mid-rewrite")
             time.sleep(0.001)
@@ -64,6 +66,23 @@ def test_kill_during_first_rewrite_leaves_no_destination(tmp_path, run_cli):
     assert synth.tree_digest(entry) == src_before
     # The killed run's staging dir is cleaned up by the next run.
     assert not list(entry.parent.glob(".sparkstack-*"))
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["term", "hup"])
+def test_a_stop_signal_mid_rewrite_ends_strip_as_ctrl_c_does(tmp_path, run_cli, sig, code):
+    """`kill` or a hangup: one line, exit 128 + the signal's number, no destination, the source untouched."""
+    flat = tmp_path / "flat"
+    _write_big_model(flat, os.urandom(MIB))
+    entry = synth.cache_from_dir(flat, tmp_path / "hub")
+    src_before = synth.tree_digest(entry)
+
+    returncode, err = _kill_mid_rewrite(entry, sig)
+    assert returncode == code, err
+    assert err.splitlines()[-1] == (f"sparkstack: interrupted by {signal.Signals(sig).name} "
+                                    "(outputs are published atomically: nothing half-written)")
+    assert "Traceback" not in err
+    assert not entry.with_name(entry.name + "-no-MTP").exists()
+    assert synth.tree_digest(entry) == src_before
 
 
 def test_kill_while_updating_keeps_previous_version(tmp_path, run_cli):

@@ -6,11 +6,12 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import threading
 
 import pytest
-from clirun import need, sparkstack_cmd
+from clirun import need, sparkstack_cmd, start
 from inprocess_engine import serving, wait_for
 from sparkstack.endpoint import metrics
 from sparkstack.endpoint.client import Endpoint
@@ -235,6 +236,24 @@ def test_once_with_a_failing_metrics_endpoint_is_a_state_and_na(mode, says):
     assert doc["state"].startswith(f"{url}{says}")
     assert doc["state"].endswith(": every figure is n/a") and doc["running"] is None
     assert shown.returncode == 0 and says in shown.stdout and "Traceback" not in shown.stderr
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["term", "hup"])
+def test_follow_stopped_by_a_signal_flushes_its_lines_and_says_which(sig, code):
+    """Ctrl-C quits top (exit 0); `kill` or a hangup stops it as well, with 128 + the signal's number."""
+    with serving(busy=16) as engine:
+        proc = start(sparkstack_cmd() + ["top", engine.url, "--json", "--interval", "0.1"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = proc.stdout.readline()
+            assert json.loads(first)["state"] == "ok"
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            proc.kill()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    assert all(json.loads(line)["url"] == engine.url for line in out.splitlines())  # every line flushed whole
 
 
 def test_follow_json_lines_have_null_figures_while_unreachable():

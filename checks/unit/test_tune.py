@@ -15,7 +15,8 @@ from pathlib import Path
 import hostfix
 import pytest
 import standins
-from clirun import sparkstack_cmd
+from clirun import gone, sparkstack_cmd, start
+from inprocess_engine import wait_for
 
 TUNE_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"  # where docs/commands/tune.md says tune persists swappiness
 RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
@@ -294,25 +295,28 @@ def test_an_unreadable_boot_id_stops_that_rank_only(world):
     assert acts(world) == [] and not (world["root"] / "run/sparkstack/clock-cap").exists()
 
 
-def test_ctrl_c_says_what_is_true_of_tune(world):
-    """Interrupted inside a step (a `sync` that hangs): the steps said done stay done, a re-run does the rest."""
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "term"])
+def test_ctrl_c_says_what_is_true_of_tune(world, sig, code):
+    """Interrupted inside a step (a `sync` that hangs): the steps said done stay done, a re-run does the rest.
+    SIGTERM the same, and the hanging `sync` (a child) is stopped with it."""
     slow = world["tmp"] / "slow"
     slow.mkdir()
     started = world["tmp"] / "sync-started"
-    (slow / "sync").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    (slow / "sync").write_text(f"#!/bin/sh\necho $$ > {started}.new && mv {started}.new {started}\nexec sleep 60\n")
     (slow / "sync").chmod(0o755)
     env = {**os.environ, **world["env"], "PATH": f"{slow}:{world['env']['PATH']}"}
-    proc = subprocess.Popen(sparkstack_cmd() + ["tune", "0", "--host-root", str(world["root"])], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start(sparkstack_cmd() + ["tune", "0", "--host-root", str(world["root"])], env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         while not started.exists() and proc.poll() is None:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert proc.returncode == code and "Traceback" not in err, err
     assert "nothing half-written" not in err and "run tune again" in err
+    wait_for("the hanging step stopped", lambda: gone(started.read_text().strip()))
     assert out == "rank 0 (local): swappiness: 60 -> 0\n"  # the one step done before the interrupted one
 
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from clirun import sparkstack_cmd
+from clirun import sparkstack_cmd, start
+from inprocess_engine import wait_for
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 from safetensors import safe_open
 
 import synth
 from sparkstack.errors import UsageError
 from sparkstack.up import plan as up_plan
-from sparkstack.up.plan import BLOCKED, UP_TO_DATE, WILL_RUN, Stage, stage_range
+from sparkstack.up.plan import BLOCKED, SKIPPED, UP_TO_DATE, WILL_RUN, Stage, stage_range
 
 REF = "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8"
 SHIPPED_PINS = Path(__file__).resolve().parents[2] / "nix/pins.json"
@@ -49,6 +52,16 @@ def test_a_stage_waits_for_what_will_run_and_is_blocked_by_what_is_blocked():
     assert up_plan._held_back("strip", ("x",), {"fetch": stage("fetch", UP_TO_DATE)}) is None
 
 
+def test_a_stage_left_out_by_from_or_until_holds_back_what_needs_it_as_a_block_does():
+    """`up --from launch` with ship not up to date: launch must not run on images or weights the workers lack."""
+    earlier = {"fetch": stage("fetch", SKIPPED), "strip": stage("strip", SKIPPED), "build": stage("build", UP_TO_DATE),
+               "ship": stage("ship", SKIPPED), "tune": stage("tune", SKIPPED)}
+    held = up_plan._held_back("launch", ("sparkstack", "launch"), earlier)
+    assert held is not None and held.state == BLOCKED and held.after == ("ship",)
+    assert held.detail == "needs ship, which is left out by --from/--until and not up to date"
+    assert held.unblock == ("sparkstack", "ship")  # ship's own command
+
+
 def test_verify_counts_as_done_only_against_the_very_launch_that_serves_now():
     launch = stage("launch", UP_TO_DATE, outputs={"run": "r1", "head_started_at": 1700.5})
     record = {"stages": [{"stage": "verify", "outcome": "done",
@@ -59,6 +72,10 @@ def test_verify_counts_as_done_only_against_the_very_launch_that_serves_now():
     assert up_plan._checked_for("verify", {"launch": stage("launch", WILL_RUN, outputs=launch.outputs)}, record) is None
     failed = {"stages": [{**record["stages"][0], "outcome": "failed"}]}
     assert up_plan._checked_for("verify", {"launch": launch}, failed) is None
+    # a verify the last up found up to date passed earlier against this launch: still done, not run again
+    kept = {"stages": [{**record["stages"][0], "outcome": "up to date"}]}
+    assert up_plan._checked_for("verify", {"launch": launch}, kept)["checks"] == 7
+    assert up_plan._checked_for("bench", {"launch": launch}, {"stages": [{**kept["stages"][0], "stage": "bench"}]})
 
 
 @pytest.fixture
@@ -197,6 +214,45 @@ def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, t
     assert json.loads(record.read_text())["stages"][0]["stage"] == "fetch"
 
 
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["term", "hup"])
+def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record(world, tmp_path, sig, code):
+    """`kill` or a hangup while fetch waits on a shard: up stops as on Ctrl-C (its lines, its JSON, its record)
+    and the next `up` finishes from there."""
+    repos = synthetic_repos(tmp_path / "repos")
+    recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
+    shard = sorted(f for f in repos[MODEL].commits[repos[MODEL].refs["main"]] if f.endswith(".safetensors"))[0]
+    with HubStandin(repos) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}
+        hub.faults["stall"] = shard
+        proc = start([*sparkstack_cmd(), "up", "--pins", str(world["pins"]), "--ssh-config", str(world["ssh_config"]),
+                      "--recipe", str(recipe), "--until", "strip", "--yes", "--json"], cwd=world["tmp"],
+                     env={**world["env"], **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for("the stalled shard asked for",
+                     lambda: [r for r in hub.requests("get") if r["file"] == shard] or proc.poll() is not None)
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            hub.released.set()
+        assert proc.returncode == code, err
+        assert "Traceback" not in err
+        name = signal.Signals(sig).name
+        assert err.splitlines()[-2:] == [
+            "up: cut: fetch; not started: strip; skipped: build, ship, tune, launch, verify",
+            "run `sparkstack up` again: finished stages plan as up to date, and a cut transfer resumes"]
+        cut = by_stage(json.loads(out)["result"])["fetch"]
+        assert (cut["outcome"], cut["detail"]) == ("cut", f"interrupted by {name}")
+        record = json.loads((tmp_path / "state/up/last.json").read_text())
+        assert [(s["stage"], s["outcome"]) for s in record["stages"]][:2] == [("fetch", "cut"), ("strip", "not started")]
+        hub.faults.clear()
+        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--yes", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    again = by_stage(json.loads(proc.stdout)["result"])
+    assert (again["fetch"]["outcome"], again["strip"]["outcome"]) == ("done", "done")
+
+
 # ---------------------------------------------------------------- apply_up itself, with stand-in stages
 
 def inputs(tmp_path: Path, **kw) -> up_plan.UpInputs:
@@ -228,6 +284,48 @@ def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_
     assert outcomes == [("fetch", "done"), ("strip", "cut"), ("build", "not started")]
     record = json.loads((tmp_path / "state/up/last.json").read_text())
     assert [s["outcome"] for s in record["stages"]] == ["done", "cut", "not started"]
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_ups_tune_drops_the_page_cache_only_before_a_launch(tmp_path, monkeypatch, serving):
+    """A page-cache drop under a serving engine gains nothing; before a launch it frees unified memory."""
+    from sparkstack.tune.plan import RankTune, Step, TunePlan
+    from sparkstack.up import apply as up_apply
+
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    given = []
+    monkeypatch.setitem(up_apply.APPLIERS, "tune", lambda stage, run, advance: given.append(stage) or {})
+    monkeypatch.setitem(up_apply.APPLIERS, "launch", lambda stage, run, advance: {})
+    facts = SimpleNamespace(to_json=dict)  # what the plan read of the host: nothing this test looks at
+    steps = (Step("swappiness", "60", "0", (), ""), Step("page-cache", "12 GiB cached", "dropped", (), ""))
+    tune_plan = TunePlan("r", "0,2000", "/", (RankTune(0, "head", "local", False, facts, steps, (), ()),))
+    tune = stage("tune", WILL_RUN, work=(tune_plan, {}))
+    launch = stage("launch", UP_TO_DATE if serving else WILL_RUN)
+    monkeypatch.setattr(up_apply, "plan_stage", lambda name, *args: launch)  # planned again after tune: the same
+    up_apply.apply_up(up_plan.UpPlan("r", (tune, launch), None), inputs(tmp_path, stages=("tune", "launch")), {})
+    (ran,) = given
+    assert [s.name for r in ran.work[0].ranks for s in r.steps] == (["swappiness"] if serving else
+                                                                     ["swappiness", "page-cache"])
+
+
+def test_the_live_lines_of_up_mask_the_key_and_escape_control_characters(tmp_path, monkeypatch):
+    """What a stage says while it runs (remote stderr, container log text, bench warnings) goes through the same
+    masking and escaping as the single commands' lines."""
+    from sparkstack.up import apply as up_apply
+
+    key = "sk-LIVE-KEY-42"
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setitem(up_apply.APPLIERS, "fetch", lambda stage, run, advance: run.say(
+        f"the server said: bad key Bearer {key}\x1b[2J\x07") or {})
+    said = []
+
+    class Recording(up_apply.View):
+        def say(self, line):
+            said.append(line)
+
+    plan = up_plan.UpPlan("r", (stage("fetch", WILL_RUN),), None)
+    up_apply.apply_up(plan, inputs(tmp_path, stages=("fetch",)), {"VLLM_API_KEY": key}, Recording())
+    assert said == ["the server said: bad key Bearer ***\\x1b[2J\\x07"]
 
 
 def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypatch):

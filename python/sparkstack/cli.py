@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from sparkstack import terminal
+from sparkstack import interrupt, terminal
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.units import human_bytes
 
@@ -18,6 +19,11 @@ from sparkstack.units import human_bytes
 def _fail(message: str) -> None:
     click.echo(f"sparkstack: error: {message}", err=True)
     sys.exit(1)
+
+
+def _by() -> str:
+    """" by SIGTERM" or " by SIGHUP" after "interrupted"; nothing for Ctrl-C."""
+    return "" if interrupt.received() == signal.SIGINT else f" by {interrupt.name()}"
 
 
 def _warn(message: str) -> None:
@@ -39,8 +45,9 @@ def one_line_errors(fn):
             where = f"{exc.filename}: " if exc.filename else ""
             _fail(f"{where}{exc.strerror or exc}")
         except KeyboardInterrupt:
-            click.echo("sparkstack: interrupted (outputs are published atomically: nothing half-written)", err=True)
-            sys.exit(130)
+            click.echo(f"sparkstack: interrupted{_by()} (outputs are published atomically: nothing half-written)",
+                       err=True)
+            sys.exit(interrupt.exit_code())
 
     return wrapper
 
@@ -467,9 +474,10 @@ def tune(target, recipe, host_root, ssh_config, dry_run, as_json) -> None:
     try:
         done, problems = apply_tune(plan, runners, say)
     except KeyboardInterrupt:  # tune's outputs are not all files: say what holds
-        click.echo("sparkstack: interrupted: the steps printed as done are done; the one under way may be half done "
-                   "(a file it writes is renamed into place only when whole); run tune again for the rest", err=True)
-        sys.exit(130)
+        click.echo(f"sparkstack: interrupted{_by()}: the steps printed as done are done; the one under way may be "
+                   "half done (a file it writes is renamed into place only when whole); run tune again for the rest",
+                   err=True)
+        sys.exit(interrupt.exit_code())
     if as_json:  # also on failure: the steps that were done are part of the answer
         _print_json({**plan.to_json(), "done": done, "problems": problems})
     if problems:
@@ -663,8 +671,9 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
                            on_window=lambda w: click.echo(soak_report.window_line(w), err=True))
     _emit(as_json, lambda: outcome.summary, lambda: soak_report.summary_lines(outcome.summary))
     if outcome.ended == "interrupted":
-        click.echo(f"sparkstack: interrupted: the summary so far is above; the log is kept at {plan.log}", err=True)
-        sys.exit(130)
+        click.echo(f"sparkstack: interrupted{_by()}: the summary so far is above; the log is kept at {plan.log}",
+                   err=True)
+        sys.exit(interrupt.exit_code())
     if outcome.message:
         _fail(outcome.message)
 
@@ -720,7 +729,8 @@ def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
             for history, state in watch.follow(ep, interval):
                 live.update(view.screen(url, interval, history, state, pool, pool_note, live=True), refresh=True)
     except KeyboardInterrupt:
-        pass  # Ctrl-C is how top is quit
+        if interrupt.received() != signal.SIGINT:  # Ctrl-C is how top is quit; SIGTERM or SIGHUP stopped it
+            sys.exit(interrupt.exit_code())
 
 
 # ---------------------------------------------------------------- bench / compare
@@ -922,7 +932,7 @@ def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_
             click.echo(line, err=True)
         if as_json:
             _print_json({**plan.to_json(), "dry_run": False, "result": exc.result.to_json()})
-        sys.exit(130)
+        sys.exit(interrupt.exit_code())
     except StageFailed as exc:
         for line in stopped_lines(exc.result):
             click.echo(line, err=True)
@@ -936,6 +946,7 @@ def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_
 def entry() -> None:
     """The `sparkstack` program: click in non-standalone mode, so that usage errors are one line too."""
     sys.stdout = terminal.GuardedStdout(sys.stdout)
+    interrupt.install()  # SIGTERM and SIGHUP take Ctrl-C's paths
     try:
         code = main.main(prog_name="sparkstack", standalone_mode=False)
     except click.UsageError as exc:
@@ -943,8 +954,8 @@ def entry() -> None:
         click.echo(f"sparkstack: error: {exc.format_message()} (see `{where} --help`)", err=True)
         sys.exit(2)
     except click.Abort:
-        click.echo("sparkstack: interrupted", err=True)
-        sys.exit(130)
+        click.echo(f"sparkstack: interrupted{_by()}", err=True)
+        sys.exit(interrupt.exit_code())
     except terminal.StdoutClosed:
         _quiet_closed_pipe()
     try:

@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .. import interrupt
 from ..endpoint import metrics
 from ..endpoint.client import Endpoint, EndpointError, printable
 from ..errors import SparkstackError
@@ -331,7 +332,7 @@ class Soak:
             self._drain()
             drain_s = self.clock() - drain_from
         except KeyboardInterrupt:
-            ended, detail = "interrupted", "Ctrl-C"
+            ended, detail = "interrupted", interrupt.name()
             with self.cond:
                 self.stopping = self.abandoned = True
                 self.cond.notify_all()

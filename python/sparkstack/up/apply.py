@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkstack import fsio
+from sparkstack import fsio, interrupt
 from sparkstack.errors import SparkstackError
 from sparkstack.up.plan import (BLOCKED, SKIPPED, STAGES, UP_TO_DATE, WILL_RUN, Stage, UpInputs, UpPlan, plan_stage,
                                 serving, without_page_cache)
@@ -330,7 +330,7 @@ def apply_up(plan: UpPlan, inp: UpInputs, environ: Mapping[str, str], view: View
             advance = view.started(stage.name, _progress_total(stage))
             outputs = APPLIERS[stage.name](stage, run, advance)
         except KeyboardInterrupt:
-            runs.append(StageRun(stage.name, "cut", time.monotonic() - t0, "interrupted by Ctrl-C",
+            runs.append(StageRun(stage.name, "cut", time.monotonic() - t0, f"interrupted by {interrupt.name()}",
                                  shlex.join(stage.rerun), dict(stage.outputs)))
             view.finished(runs[-1])
             stop_after(i)
