@@ -18,7 +18,7 @@ from sparkstack.errors import SparkstackError
 from sparkstack.launch.bootlines import CONFIRM_LINES
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check, run_preflight
+from sparkstack.launch.preflight import Check, argv_gate_checks, gate_checks, run_preflight
 from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
@@ -368,14 +368,31 @@ class Started:
     guard: object | None  # the memory guard that watched the boot (launch.guard.MemoryGuard), if asked for
 
 
+def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check],
+               on_event: Callable[[str], None]) -> None:
+    """The gates preflight left for later because the head did not hold the image yet (`--image LAYOUT`, as `up`
+    passes it): load the image there now and run them, in seconds, before any rank starts a 15-minute boot."""
+    if plan.image_layout is None or not any(c.name == "gate" and c.status == "skip" for c in checks):
+        return
+    load_built_image(plan, runners[0], on_event)
+    late = argv_gate_checks(plan, runners[0]) + gate_checks(plan, runners[0])
+    for c in late:
+        on_event(c.line())
+    verdict = preflight_verdict(late)
+    if verdict:
+        raise SparkstackError(verdict)
+
+
 def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[Check], t: Timeouts,
           environ: dict, on_event: Callable[[str], None], drop: bool, memory_guard_gib: float | None,
-          host_root: Path) -> Started:
+          host_root: Path, gates: bool = False) -> Started:
     """A failed preflight is the error; else start the selected ranks, with the memory guard polled while they
     boot when asked for (`memory_guard_gib`)."""
     verdict = preflight_verdict(checks)
     if verdict:
         raise SparkstackError(verdict)
+    if gates:
+        late_gates(plan, runners, checks, on_event)
     ranks = [r.rank for r in selected]
     guard = None
     if memory_guard_gib is not None:

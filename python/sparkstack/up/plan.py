@@ -56,6 +56,7 @@ class UpInputs:
     bench_categories: tuple[str, ...]
     bench_out: Path
     stages: tuple[str, ...]  # the ones --from/--until leave in
+    gates: bool = True  # launch runs the image's gates before the boot (`up --no-gates` skips them)
 
     @property
     def built_image(self) -> Path:
@@ -149,7 +150,8 @@ def command(inp: UpInputs, name: str, api_url: str = "http://127.0.0.1:8888") ->
     elif name == "launch":
         argv = ["launch", "all", *_recipe_args(inp), "--image", str(inp.built_image), "--profile", inp.profile,
                 *_root_args(inp), *_ssh_args(inp), "--health-interval", f"{inp.health_interval_s:g}",
-                "--health-attempts", str(inp.health_attempts), "--worker-delay", f"{inp.worker_delay_s:g}"]
+                "--health-attempts", str(inp.health_attempts), "--worker-delay", f"{inp.worker_delay_s:g}",
+                *([] if inp.gates else ["--no-gates"])]
     elif name == "verify":
         argv = ["verify", api_url, "--api-key-env", inp.api_key_env, "--timeout", f"{inp.verify_timeout_s:g}"]
     else:
