@@ -352,6 +352,10 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
     if dry_run:
         _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))
         return
+    from sparkstack.fetch.plan import licence_lines
+
+    for line in licence_lines(plan.recipe) if plan.bytes_to_download else []:  # read before a byte is downloaded
+        click.echo(line, err=True)
     with terminal.progress("downloading", plan.bytes_to_download, enabled=plan.bytes_to_download > 0) as advance:
         results = apply_fetch(plan, on_progress=advance, on_wait=lambda entry, pid: click.echo(
             f"sparkstack: waiting for another fetch of {entry}" + (f" (pid {pid})" if pid else ""), err=True))
@@ -586,8 +590,10 @@ def verify_cmd(url, model, api_key_env, timeout, temperature, dry_run, as_json) 
     if dry_run:
         _print_json(plan.to_json()) if as_json else click.echo("\n".join(plan.lines()))
         return
+    from sparkstack.launch.apply import latest_record
+
     results = run_verify(plan, _api_key(plan.api_key_env),
-                         on_result=None if as_json else lambda r: click.echo(r.line()))
+                         on_result=None if as_json else lambda r: click.echo(r.line()), record=latest_record())
     if as_json:
         _print_json({"checks": [r.to_json() for r in results]})
     failed = verdict(results)

@@ -210,8 +210,10 @@ def _launch_outputs(run: _Run) -> dict:
 def _apply_verify(stage: Stage, run: _Run, advance) -> dict:
     from sparkstack.verify import run_verify, verdict
 
+    from sparkstack.launch.apply import latest_record
+
     results = run_verify(stage.work, run.api_key,
-                         on_result=lambda r: run.say(r.line()))
+                         on_result=lambda r: run.say(r.line()), record=latest_record())
     failed = verdict(results)
     if failed:
         raise SparkstackError(failed)
