@@ -144,22 +144,24 @@ class ConfirmLine:
     graphs_only: bool = False  # printed only when CUDA graphs are on: not expected under --enforce-eager
 
 
+# Searched anywhere in the message, not from its start: a line printed behind a prefix the timeline does not know
+# (the lab's stand-in, `[standin]`) is still that line.
 CONFIRM = (
     # Not in vLLM 0.32's sources: the blog's image (an older fork) prints it; 0.32 has no such log line.
-    ConfirmLine("modelopt-nvfp4", r"^Detected ModelOpt NVFP4 checkpoint\b(?: \(quant_algo=(?P<value>\w+)\))?",
+    ConfirmLine("modelopt-nvfp4", r"Detected ModelOpt NVFP4 checkpoint\b(?: \(quant_algo=(?P<value>\w+)\))?",
                 "Detected ModelOpt NVFP4 checkpoint (quant_algo={value})", "FACTS.md §2 (the blog's image)",
                 "Detected ModelOpt NVFP4 checkpoint"),
-    ConfirmLine("nvfp4-moe-backend", r"^Using '(?P<value>\w+)' NvFp4 MoE backend\b",
+    ConfirmLine("nvfp4-moe-backend", r"Using '(?P<value>\w+)' NvFp4 MoE backend\b",
                 "Using '{value}' NvFp4 MoE backend out of potential backends: ['MARLIN']",
                 "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py", "Using '...' NvFp4 MoE backend"),
-    ConfirmLine("eagle3-aux-layers", r"^Using Eagle3 auxiliary layers from config: (?P<value>\([\d, ]*\))",
+    ConfirmLine("eagle3-aux-layers", r"Using Eagle3 auxiliary layers from config: (?P<value>\([\d, ]*\))",
                 "Using Eagle3 auxiliary layers from config: {value}",
                 "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "Using Eagle3 auxiliary layers from config: ..."),
-    ConfirmLine("kv-cache-size", r"^(?:\w+(?: \+ \w+)* )?KV cache size: (?P<value>\d{1,3}(?:,?\d{3}){0,5}) tokens",
+    ConfirmLine("kv-cache-size", r"(?:\w+(?: \+ \w+)* )?KV cache size: (?P<value>\d{1,3}(?:,?\d{3}){0,5}) tokens",
                 "GPU KV cache size: {value} tokens", "vllm/v1/core/kv_cache_utils.py", "KV cache size: ... tokens"),
-    ConfirmLine("breakable-cuda-graph", r"^Breakable CUDA graph enabled\b", "Breakable CUDA graph enabled",
+    ConfirmLine("breakable-cuda-graph", r"Breakable CUDA graph enabled\b", "Breakable CUDA graph enabled",
                 "vllm/compilation/breakable_cudagraph.py", "Breakable CUDA graph enabled", graphs_only=True),
-    ConfirmLine("graph-capture", r"^Graph capturing finished\b", "Graph capturing finished in {value} secs, took 1.52 GiB",
+    ConfirmLine("graph-capture", r"Graph capturing finished\b", "Graph capturing finished in {value} secs, took 1.52 GiB",
                 "vllm/v1/worker/gpu_model_runner.py", "Graph capturing finished", graphs_only=True),
 )
 
