@@ -355,7 +355,7 @@ def test_api_and_master_port_collide(tmp_path):
     ("[env]\n", '[env]\n"A=B" = "x"\n', "A=B"),
     ("[env]\n", '[env]\n"" = "x"\n', "env"),
     ("[env]\n", '[env]\nBAD = "a\\u0000b"\n', "BAD"),
-    ("drafter_group_patch = true", "drafter_group_patch = true\ndrafter_page_bytes_per_token_fp8 = 0", "drafter_page"),
+    ("drafter_page_bytes_per_token_fp8 = 2048", "drafter_page_bytes_per_token_fp8 = 0", "drafter_page"),
     ("drafter_page_bytes_per_token = 4096", "drafter_page_bytes_per_token = 0", "drafter_page_bytes_per_token"),
     ("mla_page_bytes_per_token = 660", "mla_page_bytes_per_token = -660", "mla_page_bytes_per_token"),
     ('status = "ok"', 'status = "blocked"\nblocked_reason = "line one\\nsparkstack: ok"', "blocked_reason"),

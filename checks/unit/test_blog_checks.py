@@ -185,10 +185,10 @@ def test_fetch_prints_the_licence_before_it_downloads(run_cli, tmp_path):
         assert json.loads(run_cli("fetch", "--recipe", recipe, "--dry-run", "--json", env=env, check=0).stdout)[
             "licence"] == {"repo": "incoai/GLM-5.3-Flash-DFlash2", "licence": LICENCE}
         proc = run_cli("fetch", "--recipe", recipe, env=env, check=0)
-        assert proc.stderr.splitlines()[0] == f"licence: drafter incoai/GLM-5.3-Flash-DFlash2: {LICENCE}"
+        assert proc.stdout.splitlines()[0] == f"licence: drafter incoai/GLM-5.3-Flash-DFlash2: {LICENCE}"
         assert hub.downloads()
         # Nothing left to download: nothing to read first.
         again = run_cli("fetch", "--recipe", recipe, env=env, check=0)
-        assert "licence" not in again.stderr
+        assert "licence" not in again.stdout
     finally:
         hub.stop()

@@ -354,8 +354,9 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
         return
     from sparkstack.fetch.plan import licence_lines
 
-    for line in licence_lines(plan.recipe) if plan.bytes_to_download else []:  # read before a byte is downloaded
-        click.echo(line, err=True)
+    if plan.bytes_to_download and not as_json:  # read before a byte is downloaded (--json: in the document)
+        for line in licence_lines(plan.recipe):
+            click.echo(line)
     with terminal.progress("downloading", plan.bytes_to_download, enabled=plan.bytes_to_download > 0) as advance:
         results = apply_fetch(plan, on_progress=advance, on_wait=lambda entry, pid: click.echo(
             f"sparkstack: waiting for another fetch of {entry}" + (f" (pid {pid})" if pid else ""), err=True))

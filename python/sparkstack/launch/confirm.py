@@ -117,11 +117,11 @@ def judge(expected: tuple[Expected, ...], logs: str) -> tuple[Confirmed, ...]:
             m = rx.search(msg)
             if not m:
                 continue
-            got = m.groupdict().get("value")
+            got, text = m.groupdict().get("value"), msg[m.start():]  # the line from where it starts matching
             if e.value is None or got == e.value:
-                found = (msg, "seen")
+                found = (text, "seen")
                 break
-            found = found or (msg, "differs")
+            found = found or (text, "differs")
         out.append(Confirmed(e, found[1] if found else "missing", found[0] if found else None))
     return tuple(out)
 

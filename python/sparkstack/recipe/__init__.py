@@ -569,8 +569,8 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
     for where, table, key in ((f"{w}: ", doc, "model_revision"), (f"{w} [drafter]: ", drafter, "revision")):
         if key in table:
             check_value(f"{where}{key}=", table[key], _commit_or_unpinned)
+    _check(f"{w} [kv]", doc.get("kv", {}), _KV_KEYS)
     kv = dict(doc.get("kv", {}))
-    _check(f"{w} [kv]", kv, _KV_KEYS)
     for key, value in kv.items():
         if type(value) is int and value < 1:  # page sizes are divisors and token counts divide: 0 is never meant
             raise SparkstackError(f"{w} [kv]: {key}={value} must be at least 1")
