@@ -246,7 +246,7 @@ def test_a_table_where_a_table_is_expected(tmp_path, key, value):
     # array as it should be, and its elements are checked after the top-level keys), so it is what is refused.
     text = TUNED.read_text()
     text = text[:text.index("[[nodes]]")] + text[text.index("# KV geometry"):]
-    for header in (f"[{key}]\n", f"{key} = ["):
+    for header in (f"[{key}]\n", f"{key} = [", f"[{key}."):  # [kv.pages.<dtype>] goes with [kv]
         text = text.replace(header, header.replace(key, "x" + key))
     path = tmp_path / "recipe.toml"
     path.write_text(f"{key} = {value}\n" + text)

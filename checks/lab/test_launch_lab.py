@@ -157,7 +157,7 @@ def test_probe_runs_runtime_gates_in_the_image(launch_world):
     the launch."""
     lab, image, work, root, home = launch_world
     recipe = lab_recipe(lab, work, {})
-    dflash2 = "sparkstack/standin-engine:dflash2-gate"
+    dflash2 = "sparkstack/standin-engine:needs-dflash2"
     cid = lab.head.docker("create", image["name"]).stdout.strip()
     gate = json.dumps([["python3", "-c", "import vllm.model_executor.models.qwen3_dflash2"]], separators=(",", ":"))
     lab.head.docker("commit", "--change", f"LABEL org.sparkstack.gates.runtime='{gate}'", cid, dflash2)
@@ -167,7 +167,7 @@ def test_probe_runs_runtime_gates_in_the_image(launch_world):
                                dflash2).stdout.strip() == gate
         proc = sparkstack(lab, launch_world, recipe, "0", env={"IMAGE": dflash2})
         assert proc.returncode == 1
-        gate_lines = [l for l in proc.stdout.splitlines() if "gate:" in l]
+        gate_lines = [l for l in proc.stdout.splitlines() if "] gate: " in l]
         assert len(gate_lines) == 1 and gate_lines[0].startswith("fail"), proc.stdout
         assert "No module named" in gate_lines[0] or "ModuleNotFoundError" in gate_lines[0]
         assert containers(lab.head) == []  # preflight failed: nothing started
