@@ -7,10 +7,14 @@ import synth
 
 NIC, HCA = "enp1s0f1np1", "rocep1s0f1"
 MODEL_CACHE, DRAFT_CACHE = "models--LibertAIDAI--GLM-5.3-Flash-NVFP4-no-MTP", "models--incoai--GLM-5.3-Flash-DFlash2"
+# Both ranks' fabric addresses: in the unit tests the ssh stand-in runs the worker's reads here, on this same tree,
+# so it stands for both machines (the lab gives each its own: checks/lab/test_fabric_lab.py).
 FIB_TRIE = """Main:
   +-- 0.0.0.0/0 3 0 5
      +-- 10.0.0.0/24 2 0 2
         |-- 10.0.0.1
+           /32 host LOCAL
+        |-- 10.0.0.2
            /32 host LOCAL
   +-- 127.0.0.0/8 2 0 2
         |-- 127.0.0.1

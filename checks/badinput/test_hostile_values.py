@@ -246,7 +246,7 @@ def test_a_table_where_a_table_is_expected(tmp_path, key, value):
     # array as it should be, and its elements are checked after the top-level keys), so it is what is refused.
     text = TUNED.read_text()
     text = text[:text.index("[[nodes]]")] + text[text.index("# KV geometry"):]
-    for header in (f"[{key}]\n", f"{key} = ["):
+    for header in (f"[{key}]\n", f"{key} = [", f"[{key}."):  # [kv.pages.<dtype>] goes with [kv]
         text = text.replace(header, header.replace(key, "x" + key))
     path = tmp_path / "recipe.toml"
     path.write_text(f"{key} = {value}\n" + text)
@@ -355,7 +355,7 @@ def test_api_and_master_port_collide(tmp_path):
     ("[env]\n", '[env]\n"A=B" = "x"\n', "A=B"),
     ("[env]\n", '[env]\n"" = "x"\n', "env"),
     ("[env]\n", '[env]\nBAD = "a\\u0000b"\n', "BAD"),
-    ("drafter_group_patch = true", "drafter_group_patch = true\ndrafter_page_bytes_per_token_fp8 = 0", "drafter_page"),
+    ("drafter_page_bytes_per_token_fp8 = 2048", "drafter_page_bytes_per_token_fp8 = 0", "drafter_page"),
     ("drafter_page_bytes_per_token = 4096", "drafter_page_bytes_per_token = 0", "drafter_page_bytes_per_token"),
     ("mla_page_bytes_per_token = 660", "mla_page_bytes_per_token = -660", "mla_page_bytes_per_token"),
     ('status = "ok"', 'status = "blocked"\nblocked_reason = "line one\\nsparkstack: ok"', "blocked_reason"),

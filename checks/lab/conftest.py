@@ -68,6 +68,23 @@ from lab import Lab, new_tag  # noqa: E402
 
 STANDIN = Path(__file__).parent / "standin_engine.py"
 STANDIN_DEST = "entrypoints/standin_engine.py"  # under the vLLM root
+PARSER_SITE = "usr/lib/python3/dist-packages"  # on the base's python3's path
+STANDIN_PARSER = {
+    "vllm/__init__.py": "",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/launchers/__init__.py": "",
+    "vllm/entrypoints/launchers/cli_args.py": (
+        "def make_arg_parser(parser):\n"
+        "    # the stand-in engine takes any argv: what is not an option of its own is kept, never refused\n"
+        "    parser.parse_args = lambda args=None, namespace=None: parser.parse_known_args(args, namespace)[0]\n"
+        "    return parser\n"),
+    "vllm/utils/__init__.py": "",
+    "vllm/utils/argparse_utils.py": "from argparse import ArgumentParser as FlexibleArgumentParser\n",
+}
+# The stand-in image's runtime gates: its engine and its parser are where the container will look for them.
+STANDIN_GATES = [["python3", "-c", "import vllm.entrypoints.launchers.cli_args"],
+                 ["python3", "-c", f"import ast; ast.parse(open('/usr/local/lib/python3.12/dist-packages/vllm/"
+                                   f"{STANDIN_DEST}').read())"]]
 
 
 @pytest.fixture(scope="session")
@@ -98,6 +115,14 @@ def standin_image(tmp_path_factory, python_rootfs_tar):
     vllm_skeleton = [(f"{fx.VLLM}/__init__.py", "file", "")]
     for i in range(1, len(fx.VLLM.split("/"))):
         vllm_skeleton.insert(i - 1, ("/".join(fx.VLLM.split("/")[:i]), "dir", None))
+    # The stand-in's own "vllm serve" parser, where the image's python3 imports it: launch's gates run by default,
+    # and the argv gate asks the image's parser. The stand-in takes any argv (it records it), so its parser refuses
+    # nothing; vLLM's real parser judges the argv in checks/engine/test_vllm_argv.py and test_argv_gate_lab.py.
+    for path, text in STANDIN_PARSER.items():
+        for d in fx._dirs(f"{PARSER_SITE}/{path}"):
+            if d not in vllm_skeleton:
+                vllm_skeleton.append(d)
+        vllm_skeleton.append((f"{PARSER_SITE}/{path}", "file", text))
     fx.write_base(base, layers=[("none", python_rootfs_tar), ("gzip", vllm_skeleton)], arch="amd64",
                   entrypoint=["python3", f"/{fx.VLLM}/{STANDIN_DEST}"])
     src = work / "src" / "overlay-dflash2"
@@ -108,7 +133,8 @@ def standin_image(tmp_path_factory, python_rootfs_tar):
     (work / "overlay" / "overlay.toml").write_text(
         f'name = "standin"\n[image]\nname = "sparkstack/standin-engine"\n'
         f'[source]\nrepo = "sparkstack/lab"\nrev = "{fx.REV}"\nsubdir = "overlay-dflash2"\n'
-        f'[[install]]\nsrc = "standin_engine.py"\ndest = "{STANDIN_DEST}"\nsha256 = "{sha}"\n')
+        f'[[install]]\nsrc = "standin_engine.py"\ndest = "{STANDIN_DEST}"\nsha256 = "{sha}"\n'
+        f'[gates]\nruntime = {json.dumps(STANDIN_GATES)}\n')
     out = work / "standin.tar"
     proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(base), "--overlay",
                            str(work / "overlay"), "--overlay-src", str(work / "src"), "--out", str(out),

@@ -151,16 +151,28 @@ def test_stop_works_with_the_fabric_down(launch_world):
 
 
 def test_probe_runs_runtime_gates_in_the_image(launch_world):
-    """--gates runs the import gates in a throwaway container, in preflight (never under --dry-run). The stand-in has
-    no DFlash2, so they fail: which shows they really ran inside the image, and preflight stops the launch."""
+    """The gates run by default, in a throwaway container, in preflight (never under --dry-run). The stand-in's own
+    gates pass (test_launch_all_then_status_then_stop launches through them); a copy of the image whose label asks
+    for DFlash2, which the stand-in lacks, fails: which shows they really ran inside the image, and preflight stops
+    the launch."""
     lab, image, work, root, home = launch_world
     recipe = lab_recipe(lab, work, {})
-    proc = sparkstack(lab, launch_world, recipe, "0", "--gates")
-    assert proc.returncode == 1
-    gate_lines = [l for l in proc.stdout.splitlines() if "gate:" in l]
-    assert len(gate_lines) == 3 and all(l.startswith("fail") for l in gate_lines), proc.stdout
-    assert any("No module named" in l or "ModuleNotFoundError" in l for l in gate_lines)
-    assert containers(lab.head) == []  # preflight failed: nothing started
+    dflash2 = "sparkstack/standin-engine:needs-dflash2"
+    cid = lab.head.docker("create", image["name"]).stdout.strip()
+    gate = json.dumps([["python3", "-c", "import vllm.model_executor.models.qwen3_dflash2"]], separators=(",", ":"))
+    lab.head.docker("commit", "--change", f"LABEL org.sparkstack.gates.runtime='{gate}'", cid, dflash2)
+    lab.head.docker("rm", cid)
+    try:
+        assert lab.head.docker("image", "inspect", "--format", '{{index .Config.Labels "org.sparkstack.gates.runtime"}}',
+                               dflash2).stdout.strip() == gate
+        proc = sparkstack(lab, launch_world, recipe, "0", env={"IMAGE": dflash2})
+        assert proc.returncode == 1
+        gate_lines = [l for l in proc.stdout.splitlines() if "] gate: " in l]
+        assert len(gate_lines) == 1 and gate_lines[0].startswith("fail"), proc.stdout
+        assert "No module named" in gate_lines[0] or "ModuleNotFoundError" in gate_lines[0]
+        assert containers(lab.head) == []  # preflight failed: nothing started
+    finally:
+        lab.head.docker("image", "rm", dflash2, check=False)
     proc = sparkstack(lab, launch_world, recipe, "0", "--dry-run", "--probe", "--gates", "--json")
     assert proc.returncode == 0, proc.stderr
     checks = json.loads(proc.stdout)["preflight"]

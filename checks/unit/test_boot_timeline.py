@@ -123,6 +123,13 @@ FATAL = {
     "nccl-internal": "(Worker_TP0 pid=312) torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356,"
                      " internal error - please report this issue to the NCCL developers, NCCL version 2.29.7",
     "shm-cancelled": "(Worker_TP1 pid=88) RuntimeError: cancelled",
+    # The blog's drafter-group failures (issue 29): its image's assert, as a traceback shows its source line, and
+    # torch's out-of-bounds view.
+    "drafter-tail-ring": "(Worker_TP0 pid=312) ERROR 05-01 10:06:00 [multiproc_executor.py:801]     assert "
+                         "tail_kv_cache.shape[2] == pool_size",
+    "drafter-set-storage": "(Worker_TP1 pid=88) RuntimeError: setStorage: sizes [64, 2304, 576], strides [1327104, 576, "
+                           "1], storage offset 0, and itemsize 2 requiring a storage size of 169869312 are out of "
+                           "bounds for storage of size 84934656",
 }
 
 

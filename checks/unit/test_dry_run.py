@@ -266,8 +266,9 @@ def test_recorder_sees_each_rank_drop_caches_and_stop(world):
     drops = [c for c in calls if c[:3] == ["sysctl", "-w", "vm.drop_caches=3"]]
     ssh_drops = [c for c in calls if c[0] == "ssh" and shlex.split(c[-1]) == ["sudo", "-n", "sysctl", "-w", "vm.drop_caches=3"]]
     assert len(drops) == 2 and len(ssh_drops) == 1, calls  # head locally, the worker through ssh (not root there: sudo -n)
-    first_run = next(i for i, c in enumerate(calls) if "run" in c and c[0] == "docker")
-    assert max(calls.index(d) for d in drops) < first_run  # caches dropped before any container starts
+    # The gates' throwaway containers come first (preflight, `--rm`); the ranks' own start detached.
+    first_run = next(i for i, c in enumerate(calls) if "run" in c and "-d" in c and c[0] == "docker")
+    assert max(calls.index(d) for d in drops) < first_run  # caches dropped before any rank's container starts
     world["log"].unlink()
     run(world, ("launch",), ["stop", *expand(["{launch}"], world)])
     rms = [c for c in recorded(world) if c[0] == "docker" and "rm" in c]

@@ -222,7 +222,10 @@ def test_worker_host_facts_are_read_over_ssh(run_cli, world):
     assert checks[("swappiness", 1)]["status"] == "pass" and checks[("memory", 1)]["status"] == "pass"
     calls = standins.recorded(root.parent / "calls.jsonl")
     ssh_reads = [shlex.split(c[-1]) for c in calls if c[0] == "ssh" and c[-1].startswith("grep ")]
-    assert len(ssh_reads) == 1 and f"{root}/proc/meminfo" in ssh_reads[0]
+    # Two reads, each one `grep`: the host facts, and the worker's fabric (its NIC, route table, addresses).
+    assert len(ssh_reads) == 2
+    assert [f"{root}/proc/meminfo" in r for r in ssh_reads].count(True) == 1
+    assert [f"{root}/proc/net/fib_trie" in r for r in ssh_reads].count(True) == 1
 
 
 @pytest.mark.parametrize("index_only", [False, True])

@@ -359,6 +359,11 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
     if dry_run:
         _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))
         return
+    from sparkstack.fetch.plan import licence_lines
+
+    if plan.bytes_to_download and not as_json:  # read before a byte is downloaded (--json: in the document)
+        for line in licence_lines(plan.recipe):
+            click.echo(line)
     with terminal.progress("downloading", plan.bytes_to_download, enabled=plan.bytes_to_download > 0) as advance:
         results = apply_fetch(plan, on_progress=advance, on_wait=lambda entry, pid: click.echo(
             f"sparkstack: waiting for another fetch of {entry}" + (f" (pid {pid})" if pid else ""), err=True))
@@ -383,8 +388,10 @@ def fetch(recipe, resolve, dry_run, as_json) -> None:
               help="Read host facts (/sys, /proc) below this root.")
 @click.option("--ssh-config", type=click.Path(path_type=Path), help="ssh client config for the workers.")
 @click.option("--force", is_flag=True, help="Launch a recipe marked blocked.")
-@click.option("--gates", is_flag=True, help="Also run, each in a throwaway container of the image: its vLLM's own "
-                                         "argument parser on every rank's engine argv, and its runtime import gates.")
+@click.option("--gates/--no-gates", default=True, show_default=True,
+              help="Before any rank starts, run in throwaway containers of the image (seconds, on the head): its vLLM's "
+                   "own argument parser on every rank's engine argv, and its runtime import gates (--gates is the "
+                   "default and still accepted; --no-gates skips them).")
 @click.option("--drop-caches", is_flag=True, help="sync and drop the page cache on every rank before starting it.")
 @click.option("--memory-guard", type=terminal.FiniteFloat(0, 1 << 20), is_flag=False, flag_value=8.0, default=None,
               metavar="[=GIB]", help="While ranks boot, drop caches and compact memory on a rank whose MemFree "
@@ -440,7 +447,7 @@ def launch(target, recipe, image, dry_run, as_json, probe, profile, host_root, s
                                      worker_delay_s=worker_delay)
     try:
         run = launch_apply.start(plan, runners, selected, checks, timeouts, os.environ, say, drop_caches, memory_guard,
-                                 host_root)
+                                 host_root, gates=gates)
     except launch_apply.LaunchFailed as exc:
         for rank, text in sorted(exc.logs.items()):
             click.echo(f"--- rank {rank} log (last lines) ---", err=True)
@@ -592,8 +599,10 @@ def verify_cmd(url, model, api_key_env, timeout, temperature, dry_run, as_json) 
     if dry_run:
         _print_json(plan.to_json()) if as_json else click.echo("\n".join(plan.lines()))
         return
+    from sparkstack.launch.apply import latest_record
+
     results = run_verify(plan, _api_key(plan.api_key_env),
-                         on_result=None if as_json else lambda r: click.echo(r.line()))
+                         on_result=None if as_json else lambda r: click.echo(r.line()), record=latest_record())
     if as_json:
         _print_json({"checks": [r.to_json() for r in results]})
     failed = verdict(results)
@@ -876,12 +885,14 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
               help="A suite category for bench (repeatable; default: all).")
 @click.option("--bench-out", type=click.Path(path_type=Path), default=Path("bench.json"), show_default=True,
               help="Where bench's report goes (its --json document).")
+@click.option("--no-gates", is_flag=True, help="launch: skip the image's gates (its vLLM argv parser and import "
+                                            "gates, run in throwaway containers before the boot).")
 @click.option("--dry-run", is_flag=True, help="Print the plan of every stage; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (and the run) as JSON.")
 @one_line_errors
 def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_src, pins_file, out, platform,
        link_base, ssh_config, host_root, profile, via, streams, health_interval, health_attempts, worker_delay,
-       verify_timeout, api_key_env, bench_concurrency, bench_rounds, bench_categories, bench_out, dry_run,
+       verify_timeout, api_key_env, bench_concurrency, bench_rounds, bench_categories, bench_out, no_gates, dry_run,
        as_json) -> None:
     """The whole runbook, planned first: fetch, strip, build, ship, tune, launch, verify (and bench with --bench).
     A second run after a fix resumes: finished stages are up to date."""
@@ -907,7 +918,8 @@ def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_
                    absolute(pins), pins_file is not None, absolute(out), platform, link_base, absolute(ssh_config),
                    absolute(host_root), profile, streams, via, health_interval, health_attempts, worker_delay,
                    verify_timeout, check_key_env(api_key_env), with_bench, bench_concurrency, bench_rounds,
-                   _category_names(bench_categories), absolute(bench_out), stage_range(start, until, with_bench))
+                   _category_names(bench_categories), absolute(bench_out), stage_range(start, until, with_bench),
+                   gates=not no_gates)
     plan = plan_up(inp, os.environ, read_record())
     if dry_run:
         _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))

@@ -114,7 +114,23 @@ class FetchPlan:
 
     def to_json(self) -> dict:
         return {"recipe": str(self.recipe.path), "hub": str(self.hub), "warnings": list(self.warnings),
-                "entries": [e.to_json() for e in self.entries]}
+                "licence": licence_of(self.recipe), "entries": [e.to_json() for e in self.entries]}
+
+
+def licence_of(recipe: Recipe) -> dict | None:
+    """The drafter's licence as the recipe records it (None when the recipe names no drafter repo)."""
+    if not recipe.drafter_repo:
+        return None
+    return {"repo": recipe.drafter_repo, "licence": recipe.drafter_licence}
+
+
+def licence_lines(recipe: Recipe) -> list[str]:
+    """What a user must read before the drafter is downloaded: its licence, or that the recipe records none."""
+    lic = licence_of(recipe)
+    if lic is None:
+        return []
+    said = lic["licence"] or "not recorded in the recipe ([drafter] licence): read its model card before use"
+    return [f"licence: drafter {lic['repo']}: {said}"]
 
 
 def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
@@ -166,7 +182,7 @@ def resolve_lines(rplan: ResolvePlan, dry_run: bool, written: bool) -> list[str]
 
 def plan_lines(plan: FetchPlan) -> list[str]:
     """The human form of a fetch plan (`fetch --dry-run`)."""
-    lines = []
+    lines = licence_lines(plan.recipe)
     for e in plan.entries:
         head = f"{e.wanted.label} {e.wanted.repo} @ {e.revision}"
         if e.up_to_date:

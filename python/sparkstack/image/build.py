@@ -72,8 +72,9 @@ def _labels(plan: BuildPlan, base_config: str) -> dict[str, str]:
             for s in plan.steps], separators=(",", ":")),
         f"{LABEL}.variant": plan.variant,
     }
-    if o.runtime_gates:
-        labels[f"{LABEL}.gates.runtime"] = json.dumps([list(g) for g in o.runtime_gates], separators=(",", ":"))
+    gates = list(o.runtime_gates) + (list(o.variants[plan.variant].runtime_gates) if plan.variant != "plain" else [])
+    if gates:
+        labels[f"{LABEL}.gates.runtime"] = json.dumps([list(g) for g in gates], separators=(",", ":"))
     if plan.variant != "plain" and o.variants[plan.variant].load_format:
         labels[f"{LABEL}.load_format"] = o.variants[plan.variant].load_format
     return labels

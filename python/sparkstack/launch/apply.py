@@ -15,10 +15,10 @@ import requests
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.launch.bootlines import CONFIRM_LINES
+from sparkstack.launch.confirm import Confirmed, Expected, judge, plan_expectations
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check, run_preflight
+from sparkstack.launch.preflight import Check, argv_gate_checks, gate_checks, run_preflight
 from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
@@ -57,11 +57,14 @@ class Boot:
     seen_lines: list[str] = field(default_factory=list)
     timeline: list[RankTimeline] = field(default_factory=list)
     kv_pool: KvPool | None = None
+    expected: tuple[Expected, ...] = ()  # the recipe's expected boot lines, derived for this argv
+    confirm: tuple[Confirmed, ...] = ()  # each judged against the head's log once it is healthy
 
     def to_json(self) -> dict:
         return {"port_open_s": self.port_open_s, "health_s": self.health_s, "ttft_s": self.ttft_s,
                 "seen_lines": self.seen_lines, "timeline": [t.to_json() for t in self.timeline],
-                "kv_pool": self.kv_pool.to_json() if self.kv_pool else None}
+                "kv_pool": self.kv_pool.to_json() if self.kv_pool else None,
+                "confirm": [c.to_json() for c in self.confirm]}
 
 
 def _docker_run(rank: RankPlan, runner: Runner) -> list[str]:
@@ -204,10 +207,10 @@ def _report_progress(boot: Boot, now: dict[int, tuple[RankTimeline, str, str]], 
         for w in tl.warnings[len(old.warnings) if old else 0:]:
             on_event(f"rank {rank}: warning at {secs(w.at_s)}: {w.text} ({w.diagnosis})")
         if rank == 0:
-            for line in CONFIRM_LINES:
-                if line in logs and line not in boot.seen_lines:
-                    boot.seen_lines.append(line)
-                    on_event(f"seen: {line}")
+            for c in judge(boot.expected, logs):
+                if c.status == "seen" and c.line not in boot.seen_lines:
+                    boot.seen_lines.append(c.line)
+                    on_event(f"seen: {c.line}")
     boot.timeline = [tl for _, (tl, _, _) in sorted(now.items())]
 
 
@@ -234,7 +237,7 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
     head = plan.ranks[0]
     _, started = _state(runners[0], head.name)
     t0 = _started_epoch(started)
-    boot = Boot()
+    boot = Boot(expected=plan_expectations(plan))
     for _ in range(t.health_attempts):
         if on_poll is not None:
             on_poll()
@@ -257,8 +260,14 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
                 raise LaunchFailed(f"healthy, but no first token: {exc}", all_logs(plan, runners, t.log_tail)) from None
             boot.ttft_s = round(time.time() - t0, 3)
             on_event(f"first token after {boot.ttft_s:.1f} s (request itself {ttft:.2f} s)")
-            _report_progress(boot, read_timeline(plan, runners), on_event)  # the lines printed since the last poll
+            now = read_timeline(plan, runners)
+            _report_progress(boot, now, on_event)  # the lines printed since the last poll
             boot.kv_pool = kv_pool(plan, boot.timeline)
+            boot.confirm = judge(boot.expected, now[0][2]) if 0 in now else ()
+            for c in boot.confirm:
+                if c.status != "seen":  # verify judges them (fail or warn, as the recipe says); launch reports
+                    on_event(f"{c.status}: {c.expected.text}" + (f" (the boot says {c.line!r})" if c.line else "")
+                             + f"; verify will {c.expected.missing}")
             return boot
         time.sleep(t.health_interval_s)
     raise LaunchFailed(f"no /health 200 after {t.health_attempts} x {t.health_interval_s:g} s",
@@ -287,6 +296,9 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
                   for r in plan.ranks if r.rank in ran],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "boot": None if boot is None else boot.to_json(),
+        # What verify reports of the running pair beside what it asks the API.
+        "api_port": plan.api_port, "model": plan.recipe.model, "served_name": plan.knobs["SERVED_NAME"],
+        "drafter": {"repo": plan.recipe.drafter_repo, "licence": plan.recipe.drafter_licence},
     }
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
@@ -368,14 +380,31 @@ class Started:
     guard: object | None  # the memory guard that watched the boot (launch.guard.MemoryGuard), if asked for
 
 
+def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check],
+               on_event: Callable[[str], None]) -> None:
+    """The gates preflight left for later because the head did not hold the image yet (`--image LAYOUT`, as `up`
+    passes it): load the image there now and run them, in seconds, before any rank starts a 15-minute boot."""
+    if plan.image_layout is None or not any(c.name == "gate" and c.status == "skip" for c in checks):
+        return
+    load_built_image(plan, runners[0], on_event)
+    late = argv_gate_checks(plan, runners[0]) + gate_checks(plan, runners[0])
+    for c in late:
+        on_event(c.line())
+    verdict = preflight_verdict(late)
+    if verdict:
+        raise SparkstackError(verdict)
+
+
 def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[Check], t: Timeouts,
           environ: dict, on_event: Callable[[str], None], drop: bool, memory_guard_gib: float | None,
-          host_root: Path) -> Started:
+          host_root: Path, gates: bool = False) -> Started:
     """A failed preflight is the error; else start the selected ranks, with the memory guard polled while they
     boot when asked for (`memory_guard_gib`)."""
     verdict = preflight_verdict(checks)
     if verdict:
         raise SparkstackError(verdict)
+    if gates:
+        late_gates(plan, runners, checks, on_event)
     ranks = [r.rank for r in selected]
     guard = None
     if memory_guard_gib is not None:

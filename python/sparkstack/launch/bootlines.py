@@ -92,6 +92,25 @@ BOOT_LINES = (
     BootLine("shm-cancelled", "fatal", r"^RuntimeError: cancelled$", "RuntimeError: cancelled",
              diagnosis="the shared-memory broadcast was cancelled (shm_broadcast.py) because a peer process died: "
                        "find the first error in the other rank's log, then restart both ranks"),
+    # The blog's drafter-group failures. Its image asserted `tail_kv_cache.shape[2] == pool_size`; 0.32's
+    # models/glm5next/*/ops/kpool_compress.py asserts `ring >= pool_size and ring % pool_size == 0` on the same ring
+    # (ring = tail_kv_cache.shape[2]). A bare assert: the traceback's source line is what names it.
+    BootLine("drafter-tail-ring", "fatal",
+             r"assert (?:tail_kv_cache\.shape\[2\] == pool_size|ring >= pool_size and ring % pool_size == 0)\b",
+             "assert tail_kv_cache.shape[2] == pool_size",
+             diagnosis="the drafter's KV landed in the GLM indexer's group, whose tail-cache ring must match the "
+                       "indexer's pool size (the blog's drafter-group failure): build the image with the "
+                       "glm5_drafter_group patch (`sparkstack patch check` shows it applied) and keep the recipe's "
+                       "--block-size; `sparkstack plan kv` shows whether the drafter rides the MLA page"),
+    # torch's checkInBoundsForStorage (c10), when a KV view is laid over a smaller allocation.
+    BootLine("drafter-set-storage", "fatal",
+             r"setStorage: sizes \[[^\]]*\], strides \[[^\]]*\],.*? out of bounds for storage of size \d+",
+             "RuntimeError: setStorage: sizes [1024, 2304, 1, 576], strides [1327104, 576, 576, 1], storage offset 0, "
+             "and itemsize 1 requiring a storage size of 1358954496 are out of bounds for storage of size 1358954495",
+             diagnosis="a KV cache view is larger than the storage allocated for it: the drafter's KV tensors were "
+                       "sized for another group's page (the blog's drafter-group failure): check that the image has "
+                       "the glm5_drafter_group patch (`sparkstack patch check`) and that --block-size and "
+                       "--kv-cache-dtype are the ones the recipe's page figures are for (`sparkstack plan kv`)"),
     # 0.10-0.11 log it at debug level as "in 60 second."; 0.13 on as a warning, "in 60 seconds. ...".
     BootLine("shm-broadcast-wait", "warning", r"No available shared memory broadcast block found in \d+ seconds?\b",
              "No available shared memory broadcast block found in 60 seconds",
@@ -100,7 +119,8 @@ BOOT_LINES = (
              repeats_every_s=60.0, fatal_after_s=600.0),
 )
 
-# Lines FACTS.md §2 lists to confirm the image is the one we built; seen on the head, reported, never fatal.
+# Lines FACTS.md §2 lists to confirm the image is the one we built. Superseded by CONFIRM (below), which a recipe
+# picks from and launch/confirm.py judges; kept for readers of this name.
 CONFIRM_LINES = (
     "Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",
     "Using 'MARLIN' NvFp4 MoE backend",
@@ -108,3 +128,48 @@ CONFIRM_LINES = (
     "GPU KV cache size:",
     "Graph capturing finished",
 )
+
+
+@dataclass(frozen=True)
+class ConfirmLine:
+    """A line a recipe may expect its boot to show (FACTS.md §2). `pattern` is searched in the message; its group
+    `value`, where it has one, is the part the recipe decides (derived in launch/confirm.py). `sample` is the line
+    as it is printed, `{value}` where the value goes; `source` says whose format string it is."""
+
+    key: str
+    pattern: str
+    sample: str
+    source: str
+    shown: str  # the line as expected while its value is not decided
+    graphs_only: bool = False  # printed only when CUDA graphs are on: not expected under --enforce-eager
+
+
+# Searched anywhere in the message, not from its start: a line printed behind a prefix the timeline does not know
+# (the lab's stand-in, `[standin]`) is still that line.
+CONFIRM = (
+    # Not in vLLM 0.32's sources: the blog's image (an older fork) prints it; 0.32 has no such log line.
+    ConfirmLine("modelopt-nvfp4", r"Detected ModelOpt NVFP4 checkpoint\b(?: \(quant_algo=(?P<value>\w+)\))?",
+                "Detected ModelOpt NVFP4 checkpoint (quant_algo={value})", "FACTS.md §2 (the blog's image)",
+                "Detected ModelOpt NVFP4 checkpoint"),
+    ConfirmLine("nvfp4-moe-backend", r"Using '(?P<value>\w+)' NvFp4 MoE backend\b",
+                "Using '{value}' NvFp4 MoE backend out of potential backends: ['MARLIN']",
+                "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py", "Using '...' NvFp4 MoE backend"),
+    ConfirmLine("eagle3-aux-layers", r"Using Eagle3 auxiliary layers from config: (?P<value>\([\d, ]*\))",
+                "Using Eagle3 auxiliary layers from config: {value}",
+                "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "Using Eagle3 auxiliary layers from config: ..."),
+    ConfirmLine("kv-cache-size", r"(?:\w+(?: \+ \w+)* )?KV cache size: (?P<value>\d{1,3}(?:,?\d{3}){0,5}) tokens",
+                "GPU KV cache size: {value} tokens", "vllm/v1/core/kv_cache_utils.py", "KV cache size: ... tokens"),
+    ConfirmLine("breakable-cuda-graph", r"Breakable CUDA graph enabled\b", "Breakable CUDA graph enabled",
+                "vllm/compilation/breakable_cudagraph.py", "Breakable CUDA graph enabled", graphs_only=True),
+    ConfirmLine("graph-capture", r"Graph capturing finished\b", "Graph capturing finished in {value} secs, took 1.52 GiB",
+                "vllm/v1/worker/gpu_model_runner.py", "Graph capturing finished", graphs_only=True),
+)
+
+
+def _confirm_keys_agree() -> None:
+    from sparkstack.recipe import CONFIRM_KEYS  # a recipe names these keys; the table gives their patterns
+
+    assert tuple(c.key for c in CONFIRM) == CONFIRM_KEYS, "launch.bootlines.CONFIRM and recipe.CONFIRM_KEYS differ"
+
+
+_confirm_keys_agree()

@@ -17,6 +17,7 @@ class KvInputs:
     kv_bytes: int | None  # the pin, when the argv sets one
     block_size: int
     max_model_len: int
+    kv_dtype: str | None = None  # --kv-cache-dtype: which page figures apply
 
 
 def _flag_int(args: list[str], flag: str) -> int | None:
@@ -36,11 +37,13 @@ def kv_inputs(plan: LaunchPlan) -> KvInputs:
         kv_bytes = _flag_int(args, flag) if flag in args else kv_bytes
     block = _flag_int(args, "--block-size") or DEFAULT_BLOCK_SIZE
     max_len = _flag_int(args, "--max-model-len") or int(plan.knobs["MAX_MODEL_LEN"])
-    return KvInputs(kv_bytes, block, max_len)
+    i = args.index("--kv-cache-dtype") if "--kv-cache-dtype" in args else -1
+    dtype = args[i + 1] if 0 <= i < len(args) - 1 else None
+    return KvInputs(kv_bytes, block, max_len, dtype)
 
 
 def kv_plan(plan: LaunchPlan, kv_bytes: int | None = None) -> KvPlan:
     """The KV plan for a launch plan; `kv_bytes` overrides the argv's pin (`plan kv --kv-bytes`)."""
     inputs = kv_inputs(plan)
     return plan_kv(plan.recipe.kv, inputs.kv_bytes if kv_bytes is None else kv_bytes, inputs.max_model_len,
-                   inputs.block_size)
+                   inputs.block_size, inputs.kv_dtype)

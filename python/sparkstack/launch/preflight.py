@@ -9,6 +9,7 @@ them, as are the checks that need docker on a rank (apply, or `--probe`).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import struct
@@ -34,6 +35,23 @@ DEFAULT_GATES = (
     ("python3", "-c", "import vllm.model_executor.models.qwen3_dflash2"),
     ("python3", "-c", "import vllm.v1.worker.gpu.spec_decode.dflash2.speculator"),
 )
+
+# The InstantTensor variant's own gates (FACTS.md §2): its wheel drags NCCL down to 2.29.7, fatal on the fabric, so
+# the image must hold the re-pinned 2.30.7; and the loader `--load-format instanttensor` names must import.
+NCCL_PIN = "2.30.7"
+INSTANTTENSOR_GATES = (
+    ("python3", "-c", "from importlib.metadata import version; v = version('nvidia-nccl-cu13'); "
+                      f"assert v == '{NCCL_PIN}', 'nvidia-nccl-cu13 is ' + v + ', not {NCCL_PIN} (2.29.7 is fatal on the fabric)'"),
+    ("python3", "-c", "import instanttensor"),
+)
+
+
+def load_format_gates(plan: LaunchPlan) -> list[tuple[str, ...]]:
+    """Gates the argv itself asks for: a launch that loads with instanttensor needs the InstantTensor variant's,
+    whatever the image's labels say."""
+    argv = list(plan.ranks[0].engine_argv)
+    i = argv.index("--load-format") if "--load-format" in argv else -1
+    return list(INSTANTTENSOR_GATES) if 0 <= i < len(argv) - 1 and argv[i + 1] == "instanttensor" else []
 
 
 # Run inside the image as `python3 -c ARGV_GATE ARGV...`: the image's own `vllm serve` parser, abbreviations off,
@@ -137,32 +155,98 @@ def _read(root: Path, rel: str) -> str | None:
         return None
 
 
-def check_nic(root: Path, nic: str, rank: int) -> Check:
-    state = _read(root, f"sys/class/net/{nic}/operstate")
-    if state is None:
-        have = sorted(p.name for p in (root / "sys/class/net").glob("*")) if (root / "sys/class/net").is_dir() else []
-        return Check("nic", "fail", f"{nic} does not exist (have: {', '.join(have) or 'none'})", rank)
-    state = state.strip()
+@dataclass(frozen=True)
+class FabricFacts:
+    """What the fabric checks read on one rank, under its host root: the same files on the head (read here) and on
+    a worker (over its ssh, read-only: one `grep` of the files, one `find` of the directories)."""
+
+    operstate: str | None  # sys/class/net/NIC/operstate; None: no such NIC
+    netdevs: tuple[str, ...]  # sys/class/net
+    hcas: tuple[str, ...]  # sys/class/infiniband
+    hca_netdevs: tuple[str, ...] | None  # sys/class/infiniband/HCA/device/net; None: no such HCA
+    fib_trie: str  # proc/net/fib_trie
+    route: str  # proc/net/route
+
+
+def _fabric_paths(root: str, nic: str, hca: str) -> dict[str, str]:
+    # Directories end in "/": a host root may hold them as symlinks, which `find` only enters with the slash.
+    return {"operstate": os.path.join(root, f"sys/class/net/{nic}/operstate"),
+            "netdevs": os.path.join(root, "sys/class/net") + "/",
+            "hcas": os.path.join(root, "sys/class/infiniband") + "/",
+            "hca_netdevs": os.path.join(root, f"sys/class/infiniband/{hca}/device/net") + "/",
+            "fib_trie": os.path.join(root, "proc/net/fib_trie"), "route": os.path.join(root, "proc/net/route")}
+
+
+def read_fabric(runner: Runner, root: str, nic: str, hca: str) -> FabricFacts:
+    """A rank's fabric facts through its runner (here, or over ssh); a failed connection raises SparkstackError."""
+    paths = _fabric_paths(root, nic, hca)
+    texts = runner.read_texts([paths["operstate"], paths["fib_trie"], paths["route"]])
+    dirs = runner.list_dirs([paths["netdevs"], paths["hcas"], paths["hca_netdevs"]])
+    hcas = tuple(dirs[paths["hcas"]])
+    return FabricFacts(texts[paths["operstate"]], tuple(dirs[paths["netdevs"]]), hcas,
+                       tuple(dirs[paths["hca_netdevs"]]) if hca in hcas else None,
+                       texts[paths["fib_trie"]] or "", texts[paths["route"]] or "")
+
+
+def nic_verdict(f: FabricFacts, nic: str, rank: int) -> Check:
+    if f.operstate is None:
+        return Check("nic", "fail", f"{nic} does not exist (have: {', '.join(f.netdevs) or 'none'})", rank)
+    state = f.operstate.strip()
     # operstate, not `ip link | grep UP`: a down link can still carry the UP flag.
     if state != "up":
         return Check("nic", "fail", f"{nic} operstate is {state!r}, not 'up'", rank)
     return Check("nic", "pass", f"{nic} is up", rank)
 
 
-def check_hca(root: Path, hca: str, nic: str, rank: int) -> Check:
-    base = root / "sys/class/infiniband"
-    if not (base / hca).exists():
-        have = sorted(p.name for p in base.glob("*")) if base.is_dir() else []
-        return Check("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(have) or 'none'})", rank)
-    nets = sorted(p.name for p in (base / hca / "device/net").glob("*"))
-    if nic not in nets:
-        return Check("hca", "fail", f"{hca} maps to {', '.join(nets) or 'no netdev'}, not {nic}", rank)
+def hca_verdict(f: FabricFacts, hca: str, nic: str, rank: int) -> Check:
+    if f.hca_netdevs is None:
+        return Check("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(f.hcas) or 'none'})", rank)
+    if nic not in f.hca_netdevs:
+        return Check("hca", "fail", f"{hca} maps to {', '.join(f.hca_netdevs) or 'no netdev'}, not {nic}", rank)
     return Check("hca", "pass", f"{hca} <-> {nic}", rank)
 
 
-def _local_ips(root: Path) -> set[str]:
-    """Addresses this host owns, from /proc/net/fib_trie (the `/32 host LOCAL` leaves)."""
-    text = _read(root, "proc/net/fib_trie") or ""
+def fabric_ip_verdict(f: FabricFacts, ip: str, nic: str, rank: int) -> Check:
+    if ip not in _ips_in(f.fib_trie):
+        return Check("fabric-ip", "fail", f"{ip} is not an address of this host", rank)
+    addr = struct.unpack("<I", socket.inet_aton(ip))[0]
+    if not any(addr & mask == net for net, mask in _routes_in(f.route, nic)):
+        return Check("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}", rank)
+    return Check("fabric-ip", "pass", f"{ip} on {nic}", rank)
+
+
+def fabric_checks(f: FabricFacts, ip: str, nic: str, hca: str, rank: int) -> list[Check]:
+    """The fabric's three one-line verdicts for one rank: its NIC is up, its HCA maps to it, its address is on it."""
+    return [nic_verdict(f, nic, rank), hca_verdict(f, hca, nic, rank), fabric_ip_verdict(f, ip, nic, rank)]
+
+
+def worker_fabric_checks(plan: LaunchPlan, runners: dict[int, Runner], root: Path) -> list[Check]:
+    """Every rank reached over ssh gets the head's fabric checks, on its own NIC, HCA and address: the blog's
+    launcher fails fast unless the link is up on both sides; a worker's down or renamed port would otherwise show
+    up as an NCCL hang minutes into the boot."""
+    checks = []
+    for rank in plan.ranks:
+        if rank.ssh is None:
+            continue
+        try:
+            facts = read_fabric(runners[rank.rank], str(root.absolute()), rank.nic, rank.hca)
+        except SparkstackError as exc:
+            checks.append(Check("fabric", "fail", f"cannot read the fabric facts: {exc}", rank.rank))
+            continue
+        checks += fabric_checks(facts, rank.fabric_ip, rank.nic, rank.hca, rank.rank)
+    return checks
+
+
+def check_nic(root: Path, nic: str, rank: int) -> Check:
+    return nic_verdict(read_fabric(Runner(), str(root), nic, ""), nic, rank)
+
+
+def check_hca(root: Path, hca: str, nic: str, rank: int) -> Check:
+    return hca_verdict(read_fabric(Runner(), str(root), nic, hca), hca, nic, rank)
+
+
+def _ips_in(text: str) -> set[str]:
+    """Addresses a host owns, from its /proc/net/fib_trie (the `/32 host LOCAL` leaves)."""
     ips, last = set(), None
     for line in text.splitlines():
         words = line.split()
@@ -173,10 +257,10 @@ def _local_ips(root: Path) -> set[str]:
     return ips
 
 
-def _routes_via(root: Path, nic: str) -> list[tuple[int, int]]:
-    """(network, mask) pairs routed through `nic`, from /proc/net/route."""
+def _routes_in(text: str, nic: str) -> list[tuple[int, int]]:
+    """(network, mask) pairs routed through `nic`, from a /proc/net/route."""
     out = []
-    for line in (_read(root, "proc/net/route") or "").splitlines()[1:]:
+    for line in text.splitlines()[1:]:
         f = line.split()
         if len(f) >= 8 and f[0] == nic:
             # The kernel prints the network-order u32 as host-order hex; inet_aton + "<I" matches it on x86/arm64.
@@ -185,12 +269,7 @@ def _routes_via(root: Path, nic: str) -> list[tuple[int, int]]:
 
 
 def check_fabric_ip(root: Path, ip: str, nic: str, rank: int) -> Check:
-    if ip not in _local_ips(root):
-        return Check("fabric-ip", "fail", f"{ip} is not an address of this host", rank)
-    addr = struct.unpack("<I", socket.inet_aton(ip))[0]
-    if not any(addr & mask == net for net, mask in _routes_via(root, nic)):
-        return Check("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}", rank)
-    return Check("fabric-ip", "pass", f"{ip} on {nic}", rank)
+    return fabric_ip_verdict(read_fabric(Runner(), str(root), nic, ""), ip, nic, rank)
 
 
 def listening_ports(root: Path) -> set[int]:
@@ -276,7 +355,8 @@ def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
     return Check("disk", "pass", f"{free / GIB:.1f} GiB free under {probe}", rank)
 
 
-def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool) -> list[Check]:
+def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool,
+                   serves_mtp_reason: str | None = None) -> list[Check]:
     """The snapshot exists and every shard the index names is there, at the size its header implies."""
     if revision is None:
         return [Check(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable")]
@@ -288,7 +368,10 @@ def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str,
                             f"{CHAT_TEMPLATE} present" if ok else f"{CHAT_TEMPLATE} missing: image requests will return 500"))
         snap = snapshot_dir(hub / cache_name, revision)
         config = _read_config(snap)
-        checks += [_modelopt_check(snap, config), _mtp_strip_check(snap, config, state)]
+        strip = _mtp_strip_check(snap, config, state)
+        if serves_mtp_reason is not None:
+            strip = mtp_served_check(config, strip, serves_mtp_reason)
+        checks += [_modelopt_check(snap, config), strip]
     return checks
 
 
@@ -336,6 +419,17 @@ def _mtp_strip_check(snap: Path, config: dict | None, state: SnapshotState) -> C
     return Check("mtp-strip", "pass", f"num_nextn_predict_layers = 0, no MTP tensor in {len(shards)} shard(s)")
 
 
+def mtp_served_check(config: dict | None, strip: Check, reason: str) -> Check:
+    """A recipe that serves its MTP layers on purpose: not stripped is what it asks for. Still a failure when the
+    config says 0 MTP layers while shards hold them: then the loader does not skip them and the load fails."""
+    if strip.status == "pass":
+        return Check("mtp-strip", "pass", f"{strip.detail} (the recipe would serve MTP on purpose)")
+    left = mtp_levels_left(config) if config is not None else []
+    if not left:
+        return strip
+    return Check("mtp-strip", "pass", f"served with its MTP layers on purpose ({'; '.join(left)}): {reason}")
+
+
 def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds) -> list[Check]:
     head = plan.ranks[0]
     checks = []
@@ -353,7 +447,8 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
         check_disk(Path(head.hub), t, 0),
     ]
     hub = Path(head.hub)
-    checks += check_snapshot(hub, plan.knobs["MODEL_CACHE_NAME"], plan.model_revision, "model", want_template=True)
+    checks += check_snapshot(hub, plan.knobs["MODEL_CACHE_NAME"], plan.model_revision, "model", want_template=True,
+                             serves_mtp_reason=plan.recipe.serves_mtp_reason)
     if plan.recipe.drafter_cache_knob:
         checks += check_snapshot(hub, plan.knobs[plan.recipe.drafter_cache_knob], plan.drafter_revision, "drafter", False)
     checks += revision_checks(plan)
@@ -495,6 +590,7 @@ def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
     if gates is None:
         return [Check("gate", "fail", f"{plan.image}: label org.sparkstack.gates.runtime is not a list of argv lists "
                                       "of strings; refusing to run it", 0)]
+    gates += [g for g in load_format_gates(plan) if g not in gates]
     out = []
     for gate in gates:
         ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", gate[0], plan.image, *gate[1:], timeout=300)
@@ -512,8 +608,12 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
     if runners is not None:
         for rank in plan.ranks[1:]:
             checks += rank_host_checks(plan, runners[rank.rank], host_root, rank.rank)
+        checks += worker_fabric_checks(plan, runners, host_root)
         checks += worker_snapshot_checks(plan, runners)
         checks += docker_checks(plan, runners, gates and not dry_run)
+        if gates and not dry_run and not any(c.name in ("gate", "vllm-argv") for c in checks):
+            checks.append(Check("gate", "skip", f"the head does not hold {plan.image} yet: the gates run once launch "
+                                                "has loaded it, before any rank starts", 0))
         if gates and dry_run:
             checks.append(Check("gate", "skip", "the runtime gates and the vLLM argv gate start a throwaway container: "
                                                 "not under --dry-run", 0))

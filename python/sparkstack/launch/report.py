@@ -6,6 +6,7 @@ import shlex
 
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.preflight import Check
+from sparkstack.launch.confirm import confirm_lines
 from sparkstack.launch.timeline import timeline_lines
 
 def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],
@@ -68,7 +69,7 @@ def boot_lines(run: str, boot: dict | None) -> list[str]:
     if boot is None:
         return [f"last run {run}: no boot watched (the head was not started)"]
     return [f"run {run}: port open {boot['port_open_s']} s, /health {boot['health_s']} s, first token {boot['ttft_s']} s",
-            *timeline_lines(boot.get("timeline", []), boot.get("kv_pool"))]
+            *timeline_lines(boot.get("timeline", []), boot.get("kv_pool")), *confirm_lines(boot.get("confirm"))]
 
 
 def status_lines(rows: list[dict], last_run: dict | None) -> list[str]:

@@ -273,6 +273,33 @@ def moved(old: Pins, new: Pins) -> list[str]:
 # ---------------------------------------------------------------- pin base: plan, apply
 
 
+# Where a pinned base comes from, for the bases the blog names (FACTS.md §2): its Dockerfile builds `FROM` a tag
+# that is only the upstream's local build-stage name; the public copy of that build is what sparkstack pins.
+PROVENANCE = {
+    "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8": (
+        "radixark/vllm-glm53-flash:sm121-v8",
+        "the blog builds FROM radixark/vllm-glm53-flash:sm121-v8, the upstream's local build-stage name (no registry "
+        "serves it); ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8 is its public copy"),
+}
+
+
+def provenance(pins: Pins) -> dict | None:
+    """The blog's tag for this base, the public reference pinned, and the digest; None for a base the blog does
+    not name."""
+    known = PROVENANCE.get(pins.reference)
+    if known is None:
+        return None
+    return {"blog_tag": known[0], "pinned": pins.reference, "digest": pins.resolved.digest, "why": known[1]}
+
+
+def provenance_lines(pins: Pins) -> list[str]:
+    p = provenance(pins)
+    if p is None:
+        return []
+    return [f"provenance: {p['why']}", f"  the blog's tag: {p['blog_tag']}",
+            f"  pinned:        {p['pinned']}", f"  digest:        {p['digest']}"]
+
+
 @dataclass(frozen=True)
 class PinBasePlan:
     pins_path: Path
@@ -286,13 +313,13 @@ class PinBasePlan:
 
     def to_json(self) -> dict:
         return {"pins_file": str(self.pins_path), "up_to_date": self.up_to_date, "changes": list(self.changes),
-                "pins": self.pins.to_json()}
+                "pins": self.pins.to_json(), "provenance": provenance(self.pins)}
 
     def lines(self, dry_run: bool) -> list[str]:
         """The human form of `pin base`: what is (or would be) written, what changed, each platform's pin."""
         path, pins = self.pins_path, self.pins
         if self.up_to_date:
-            return [f"up to date: {path} ({pins.reference} = {pins.resolved.digest})"]
+            return [f"up to date: {path} ({pins.reference} = {pins.resolved.digest})", *provenance_lines(pins)]
         if dry_run:
             lines = [f"would write {path}:", *pins.to_bytes().decode().splitlines()]
         else:
@@ -300,7 +327,7 @@ class PinBasePlan:
         lines += [f"  {change}" for change in self.changes]
         lines += [f"  {name}: manifest {p.manifest.digest}, config {p.config.digest}, {len(p.layers)} layers, "
                   f"{human_bytes(sum(l.size for l in p.layers))}" for name, p in pins.platforms]
-        return lines
+        return lines + provenance_lines(pins)
 
 
 def claim_pins_file(path: Path) -> Pins | None:

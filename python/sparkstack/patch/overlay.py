@@ -49,6 +49,7 @@ class Variant:
     name: str
     wheels: tuple[Wheel, ...]
     load_format: str | None
+    runtime_gates: tuple[tuple[str, ...], ...] = ()  # run by launch's preflight besides the overlay's own
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ def load_overlay(directory: Path) -> Overlay:
         where = f"{w} [variants.{vname}]"
         if not _VARIANT.fullmatch(vname) or vname == "plain":
             raise SparkstackError(f"{where}: {vname!r} cannot name a variant (letters, digits, _ . -; not \"plain\")")
-        _keys(where, _table(where, t), {"wheels"}, {"load_format"})
+        _keys(where, _table(where, t), {"wheels"}, {"load_format", "gates"})
         wheels = []
         for j, wt in enumerate(_tables(f"{where} wheels", t["wheels"])):
             _keys(f"{where} wheel #{j + 1}", wt, {"file", "sha256"})
@@ -253,7 +254,13 @@ def load_overlay(directory: Path) -> Overlay:
         load_format = t.get("load_format")
         if load_format is not None:
             load_format = _text(f"{where} load_format", load_format)
-        variants[vname] = Variant(vname, tuple(wheels), load_format)
+        vgates = t.get("gates", [])
+        if not isinstance(vgates, list):
+            raise SparkstackError(f"{where} gates: expected a list of commands, got {vgates!r}")
+        vgates = [_argv(f"{where} gates", g) for g in vgates]
+        if any(not g for g in vgates):
+            raise SparkstackError(f"{where} gates: a gate is an empty command")
+        variants[vname] = Variant(vname, tuple(wheels), load_format, tuple(vgates))
     return Overlay(path, name, image_name, repo, rev, subdir, vllm_root, tuple(installs), tuple(steps),
                    tuple(runtime), variants)
 

@@ -288,12 +288,21 @@ _TOP_KEYS = {
     "status": str, "blocked_reason": str, "knobs": dict, "nodes": list, "drafter": dict, "kv": dict,
     "clock_cap": str, "gpu_memory_gib": float,  # the hosts: tune's GPU clock cap, preflight's free-memory rule
     "model_revision": str,
+    "serves_mtp": bool, "serves_mtp_reason": str,  # the served checkpoint keeps its MTP layers on purpose, and why
+    "boot": dict,  # the lines its boot must show (launch/confirm.py)
 }
 _NODE_KEYS = {"host": str, "ssh": str, "fabric_ip": str, "nic": str, "hca": str, "docker_host": str}
-_DRAFTER_KEYS = {"cache_name_knob": str, "method": str, "repo": str, "revision": str}
+_DRAFTER_KEYS = {"cache_name_knob": str, "method": str, "repo": str, "revision": str, "licence": str}
+_BOOT_KEYS = {"expect": list, "missing": str}
+BOOT_MISSING = ("fail", "warn")
+# The boot lines a recipe may expect, by key; launch/bootlines.py's CONFIRM holds their patterns (an assert there
+# keeps the two equal). FACTS.md §2's list, plus the KV size and graph lines of §7.
+CONFIRM_KEYS = ("modelopt-nvfp4", "nvfp4-moe-backend", "eagle3-aux-layers", "kv-cache-size", "breakable-cuda-graph",
+                "graph-capture")  # what verify makes of an expected boot line the running pair's boot lacks
 _KV_KEYS = {"measured_bytes": int, "measured_tokens": int, "mla_page_bytes_per_token": int,
             "indexer_page_bytes_per_token": int, "drafter_page_bytes_per_token": int,
-            "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool}
+            "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool, "pages": dict}
+_PAGE_KEYS = {"mla_page_bytes_per_token": int, "indexer_page_bytes_per_token": int}
 
 
 @dataclass(frozen=True)
@@ -315,6 +324,17 @@ class KvGeometry:
     drafter_page_bytes_per_token: int | None = None
     drafter_page_bytes_per_token_fp8: int | None = None
     drafter_group_patch: bool = False
+    # Page figures per --kv-cache-dtype ([kv.pages.<dtype>]): (dtype, mla, indexer). When given, the argv's KV dtype
+    # picks its own figures, and a dtype without any has none: fp8_ds_mla's pages are not fp8_e4m3's.
+    pages: tuple[tuple[str, int | None, int | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class BootExpect:
+    """The lines the recipe's boot must show (keys of launch.confirm's table), and what verify makes of one missing."""
+
+    expect: tuple[str, ...] = ()
+    missing: str = "fail"
 
 
 @dataclass(frozen=True)
@@ -344,6 +364,9 @@ class Recipe:
     model_revision: str = UNPINNED  # a 40-hex commit, or UNPINNED
     drafter_repo: str | None = None
     drafter_revision: str = UNPINNED
+    drafter_licence: str | None = None  # shown before a download and beside the model: the drafter may not be free
+    serves_mtp_reason: str | None = None  # set: the served checkpoint keeps its MTP layers on purpose (mtp-strip passes)
+    boot: BootExpect = BootExpect()
 
     @property
     def blocked(self) -> bool:
@@ -546,11 +569,16 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
     for where, table, key in ((f"{w}: ", doc, "model_revision"), (f"{w} [drafter]: ", drafter, "revision")):
         if key in table:
             check_value(f"{where}{key}=", table[key], _commit_or_unpinned)
-    kv = doc.get("kv", {})
-    _check(f"{w} [kv]", kv, _KV_KEYS)
+    _check(f"{w} [kv]", doc.get("kv", {}), _KV_KEYS)
+    kv = dict(doc.get("kv", {}))
     for key, value in kv.items():
         if type(value) is int and value < 1:  # page sizes are divisors and token counts divide: 0 is never meant
             raise SparkstackError(f"{w} [kv]: {key}={value} must be at least 1")
+    kv["pages"] = _pages(f"{w} [kv.pages]", kv.get("pages", {}))
+    if "licence" in drafter:
+        check_value(f"{w} [drafter]: licence=", drafter["licence"], _text)
+    serves_mtp_reason = _serves_mtp(w, doc)
+    boot = _boot(f"{w} [boot]", doc.get("boot", {}))
     return Recipe(
         path=path, name=doc["name"], engine="vllm", docker_image=doc["docker_image"],
         docker_image_dir=doc.get("docker_image_dir"), model=doc["model"], required_nodes=required,
@@ -559,8 +587,50 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         env=tuple(env.items()), status=status, blocked_reason=doc.get("blocked_reason", ""), knobs=tuple(knobs.items()),
         nodes=tuple(nodes), drafter_cache_knob=drafter.get("cache_name_knob"), drafter_method=drafter.get("method"),
         kv=KvGeometry(**kv), clock_cap=clock_cap, gpu_memory_gib=float(gpu_gib), model_revision=doc.get("model_revision", UNPINNED), drafter_repo=drafter.get("repo"),
-        drafter_revision=drafter.get("revision", UNPINNED),
+        drafter_revision=drafter.get("revision", UNPINNED), drafter_licence=drafter.get("licence"),
+        serves_mtp_reason=serves_mtp_reason, boot=boot,
     )
+
+
+def _pages(where: str, pages: dict) -> tuple[tuple[str, int | None, int | None], ...]:
+    out = []
+    for dtype, table in pages.items():
+        check_value(f"{where}: ", dtype, _word)
+        if not isinstance(table, dict):
+            raise SparkstackError(f"{where}.{dtype}: must be a table, got {_toml_type(table)}")
+        _check(f"{where}.{dtype}", table, _PAGE_KEYS)
+        for key, value in table.items():
+            if value < 1:
+                raise SparkstackError(f"{where}.{dtype}: {key}={value} must be at least 1")
+        out.append((dtype, table.get("mla_page_bytes_per_token"), table.get("indexer_page_bytes_per_token")))
+    return tuple(out)
+
+
+def _serves_mtp(w: str, doc: dict) -> str | None:
+    """A recipe that serves its checkpoint's MTP layers on purpose says so, and why (preflight names the reason)."""
+    on, reason = doc.get("serves_mtp", False), doc.get("serves_mtp_reason")
+    if on and not reason:
+        raise SparkstackError(f"{w}: serves_mtp = true needs serves_mtp_reason (why the MTP layers are served)")
+    if reason is not None and not on:
+        raise SparkstackError(f"{w}: serves_mtp_reason is set but serves_mtp is not true")
+    if reason is not None:
+        check_value(f"{w}: serves_mtp_reason=", reason, _text)
+    return reason if on else None
+
+
+def _boot(where: str, boot: dict) -> BootExpect:
+    _check(where, boot, _BOOT_KEYS)
+    expect = boot.get("expect", [])
+    for key in expect:
+        if key not in CONFIRM_KEYS:
+            raise SparkstackError(f"{where}: expect names {brief(key)}, not a boot line sparkstack knows "
+                                  f"({', '.join(CONFIRM_KEYS)})")
+    if len(set(expect)) != len(expect):
+        raise SparkstackError(f"{where}: expect names a line twice")
+    missing = boot.get("missing", "fail")
+    if missing not in BOOT_MISSING:
+        raise SparkstackError(f"{where}: missing must be \"fail\" or \"warn\", got {brief(missing)}")
+    return BootExpect(tuple(expect), missing)
 
 
 def refuse_installed_recipe(recipe: Recipe) -> None:

@@ -187,7 +187,7 @@ def _apply_launch(stage: Stage, run: _Run, advance) -> dict:
         failures = launch_apply.stop(plan, runners, run.say)
         if failures:
             raise SparkstackError("; ".join(failures))
-    selected, checks = launch_apply.preflight(plan, "all", inp.host_root, runners, True, False, False,
+    selected, checks = launch_apply.preflight(plan, "all", inp.host_root, runners, True, False, inp.gates,
                                               dict(run.environ), dry_run=False)
     for c in checks:
         if c.status != "pass":
@@ -195,7 +195,7 @@ def _apply_launch(stage: Stage, run: _Run, advance) -> dict:
     timeouts = launch_apply.Timeouts(health_interval_s=inp.health_interval_s, health_attempts=inp.health_attempts,
                                      worker_delay_s=inp.worker_delay_s)
     started = launch_apply.start(plan, runners, selected, checks, timeouts, dict(run.environ), run.say, False, None,
-                                 inp.host_root)
+                                 inp.host_root, gates=inp.gates)
     after = serving(plan, runners)
     return {**stage.outputs, "run": after.run_id, "head_started_at": after.head_started_at,
             "record": str(started.record)}
@@ -210,8 +210,10 @@ def _launch_outputs(run: _Run) -> dict:
 def _apply_verify(stage: Stage, run: _Run, advance) -> dict:
     from sparkstack.verify import run_verify, verdict
 
+    from sparkstack.launch.apply import latest_record
+
     results = run_verify(stage.work, run.api_key,
-                         on_result=lambda r: run.say(r.line()))
+                         on_result=lambda r: run.say(r.line()), record=latest_record())
     failed = verdict(results)
     if failed:
         raise SparkstackError(failed)

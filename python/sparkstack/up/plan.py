@@ -56,6 +56,7 @@ class UpInputs:
     bench_categories: tuple[str, ...]
     bench_out: Path
     stages: tuple[str, ...]  # the ones --from/--until leave in
+    gates: bool = True  # launch runs the image's gates before the boot (`up --no-gates` skips them)
 
     @property
     def built_image(self) -> Path:
@@ -87,6 +88,7 @@ class UpPlan:
     recipe: str
     stages: tuple[Stage, ...]
     last_run: Mapping[str, object] | None  # the previous up's record, as it was read
+    licence: Mapping[str, object] | None = None  # the drafter's, as the recipe records it: shown before anything runs
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -102,7 +104,7 @@ class UpPlan:
     def to_json(self) -> dict:
         return {"recipe": self.recipe, "stages": [s.to_json() for s in self.stages],
                 "up_to_date": all(s.state in (UP_TO_DATE, SKIPPED) for s in self.stages),
-                "last_run": self.last_run}
+                "last_run": self.last_run, "licence": None if self.licence is None else dict(self.licence)}
 
 
 def stage_range(start: str | None, until: str | None, bench: bool) -> tuple[str, ...]:
@@ -149,7 +151,8 @@ def command(inp: UpInputs, name: str, api_url: str = "http://127.0.0.1:8888") ->
     elif name == "launch":
         argv = ["launch", "all", *_recipe_args(inp), "--image", str(inp.built_image), "--profile", inp.profile,
                 *_root_args(inp), *_ssh_args(inp), "--health-interval", f"{inp.health_interval_s:g}",
-                "--health-attempts", str(inp.health_attempts), "--worker-delay", f"{inp.worker_delay_s:g}"]
+                "--health-attempts", str(inp.health_attempts), "--worker-delay", f"{inp.worker_delay_s:g}",
+                *([] if inp.gates else ["--no-gates"])]
     elif name == "verify":
         argv = ["verify", api_url, "--api-key-env", inp.api_key_env, "--timeout", f"{inp.verify_timeout_s:g}"]
     else:
@@ -577,4 +580,6 @@ def plan_up(inp: UpInputs, environ: Mapping[str, str], last_run: Mapping[str, ob
         earlier[name] = stage
     if "tune" in earlier and earlier.get("launch") is not None and earlier["launch"].state == UP_TO_DATE:
         earlier["tune"] = without_page_cache(earlier["tune"])
-    return UpPlan(recipe.name, tuple(earlier.values()), last_run)
+    from sparkstack.fetch.plan import licence_of
+
+    return UpPlan(recipe.name, tuple(earlier.values()), last_run, licence_of(recipe))

@@ -13,6 +13,9 @@ def plan_lines(plan: UpPlan) -> list[str]:
     """One row per stage: its state and its one line; a blocked stage adds the command that unblocks it."""
     width = max(len(s.name) for s in plan.stages)
     lines = [f"up: recipe {plan.recipe}"]
+    if plan.licence is not None:  # before any stage: fetch downloads the drafter under it
+        lines.append(f"  licence: drafter {plan.licence['repo']}: "
+                     f"{plan.licence['licence'] or 'not recorded in the recipe: read its model card before use'}")
     for s in plan.stages:
         lines.append(f"  {s.name:<{width}}  {s.state:<10}  {s.detail}")
         if s.state == BLOCKED and s.unblock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from ..checkline import check_line
 from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env, printable
@@ -58,9 +59,43 @@ def plan_verify(url: str, model: str | None, api_key_env: str, env: Mapping[str,
     return VerifyPlan(base_url(url), model, api_key_env, bool(env.get(api_key_env)), timeout_s, CHECKS, temperature)
 
 
+def _port(url: str) -> int | None:
+    parts = urlsplit(url)
+    try:
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+
+
+def record_results(record: Mapping | None, url: str) -> tuple[Result, ...]:
+    """What launch's run record says of the pair serving `url` (the one on its API port): the drafter's licence
+    beside the model, and the boot lines the recipe expects, each seen or not (a missing one fails or warns, as the
+    recipe says). Nothing from a record of another port, or one written before launch recorded these."""
+    if not record or record.get("api_port") is None or record.get("api_port") != _port(url):
+        return ()
+    out = []
+    drafter = record.get("drafter") or {}
+    if record.get("model") and drafter.get("repo"):
+        licence = drafter.get("licence") or "no licence recorded in the recipe: read the model card before use"
+        out.append(Result("licence", "pass", f"model {record['model']} (served as {record.get('served_name')}); "
+                                             f"drafter {drafter['repo']}: {licence}", False))
+    confirm = (record.get("boot") or {}).get("confirm") or []
+    if confirm:
+        absent = [c for c in confirm if c.get("status") != "seen"]
+        run = f"run {record.get('id')}"
+        if not absent:
+            out.append(Result("boot-lines", "pass", f"{run}: all {len(confirm)} expected boot lines seen", False))
+        else:
+            failing = any(c.get("missing") == "fail" for c in absent)
+            said = "; ".join(f"{c.get('status')}: {c.get('expect')}" for c in absent)
+            out.append(Result("boot-lines", "fail" if failing else "warn", f"{run}: {said}", failing))
+    return tuple(out)
+
+
 def run_verify(plan: VerifyPlan, api_key: str | None,
-               on_result: Callable[[Result], None] | None = None) -> tuple[Result, ...]:
-    """Every check in order, each a Result as it finishes; the whole run ends within the plan's timeout."""
+               on_result: Callable[[Result], None] | None = None, record: Mapping | None = None) -> tuple[Result, ...]:
+    """Every check in order, each a Result as it finishes; the whole run ends within the plan's timeout. With
+    `record` (launch's latest run record), also what it says of the pair on the plan's port (record_results)."""
     endpoint = Endpoint(plan.url, api_key, plan.timeout_s)
     session = Session(endpoint, plan.model, plan.timeout_s, plan.temperature)
     results = []
@@ -75,6 +110,10 @@ def run_verify(plan: VerifyPlan, api_key: str | None,
             results.append(result)
     finally:
         endpoint.close()
+    for result in record_results(record, plan.url):
+        if on_result:
+            on_result(result)
+        results.append(result)
     return tuple(results)
 
 
