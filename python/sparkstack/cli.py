@@ -878,6 +878,8 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
               help="launch: seconds between the workers and the head.")
 @click.option("--verify-timeout", type=terminal.FiniteFloat(0.1, 86400), default=300.0, show_default=True,
               help="verify: seconds for the whole run.")
+@click.option("--temperature", type=terminal.FiniteFloat(0, 2), default=1.0, show_default=True,
+              help="verify and bench: the serving temperature (the model's own default: 1.0).")
 @_api_key_env_opt
 @click.option("--bench-concurrency", type=terminal.IntList(), default="1,2,4", show_default=True)
 @click.option("--bench-rounds", type=click.IntRange(1, 100), default=3, show_default=True)
@@ -892,8 +894,8 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
 @one_line_errors
 def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_src, pins_file, out, platform,
        link_base, ssh_config, host_root, profile, via, streams, health_interval, health_attempts, worker_delay,
-       verify_timeout, api_key_env, bench_concurrency, bench_rounds, bench_categories, bench_out, no_gates, dry_run,
-       as_json) -> None:
+       verify_timeout, temperature, api_key_env, bench_concurrency, bench_rounds, bench_categories, bench_out, no_gates,
+       dry_run, as_json) -> None:
     """The whole runbook, planned first: fetch, strip, build, ship, tune, launch, verify (and bench with --bench).
     A second run after a fix resumes: finished stages are up to date."""
     from sparkstack.endpoint.client import check_key_env
@@ -919,7 +921,7 @@ def up(recipe, start, until, with_bench, yes, image, base, overlay_dir, overlay_
                    absolute(host_root), profile, streams, via, health_interval, health_attempts, worker_delay,
                    verify_timeout, check_key_env(api_key_env), with_bench, bench_concurrency, bench_rounds,
                    _category_names(bench_categories), absolute(bench_out), stage_range(start, until, with_bench),
-                   gates=not no_gates)
+                   gates=not no_gates, temperature=temperature)
     plan = plan_up(inp, os.environ, read_record())
     if dry_run:
         _emit(as_json, lambda: {**plan.to_json(), "dry_run": True}, lambda: plan_lines(plan))

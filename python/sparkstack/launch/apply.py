@@ -369,7 +369,7 @@ def preflight(plan: LaunchPlan, target: str, host_root: Path, runners: dict[int,
     real run, or on a dry run with --probe."""
     selected = select_ranks(plan, target)
     checks = run_preflight(plan, host_root, runners if (probe or not dry_run) else None, force, gates, dict(environ),
-                           dry_run=dry_run)
+                           dry_run=dry_run, launching=tuple(r.rank for r in selected))
     return selected, checks
 
 

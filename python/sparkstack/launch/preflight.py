@@ -525,9 +525,13 @@ def _image_check(plan: LaunchPlan, rank: RankPlan, runner: Runner, image_id: str
     return Check("image", "pass", f"{plan.image} = {image_id[:19]}", rank.rank)
 
 
-def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> list[Check]:
-    """Per-rank checks that need docker: the image (same config digest everywhere), stale containers, gates."""
-    checks, digests = [], {}
+def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
+                  launching: tuple[int, ...] | None = None) -> list[Check]:
+    """Per-rank checks that need docker: the image (same config digest everywhere), stale containers, gates.
+    `launching`: the ranks this launch starts (None: all). A rank launched alone checks its own name for a stale
+    container; each other rank is the peer it joins, which the design card's order (rank 1, then rank 0) expects
+    to be running already, on the same image."""
+    checks, digests, peers = [], {}, {}
     for rank in plan.ranks:
         r = runners[rank.rank]
         proc = r.run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
@@ -535,6 +539,9 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> 
         if image_id:
             digests[rank.rank] = image_id
         checks.append(_image_check(plan, rank, r, image_id, failure_line(proc)))
+        if launching is not None and rank.rank not in launching:
+            peers[rank.rank] = r.run_docker("inspect", "--format", "{{.State.Status}} {{.Image}}", rank.name, timeout=30)
+            continue
         proc = r.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", "{{.Names}} {{.State}}", timeout=30)
         if proc.returncode == 0 and proc.stdout.strip():
             checks.append(Check("stale-container", "fail", f"a container already holds the name {rank.name} "
@@ -549,10 +556,31 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool) -> 
         checks.append(Check("image-identity", "fail", f"ranks run different images ({detail}); ship one image to all"))
     elif len(identity) == len(plan.ranks):
         checks.append(Check("image-identity", "pass", f"every rank has {next(iter(identity.values()))[:19]}"))
+    expected = next(iter(set(identity.values()))) if len(set(identity.values())) == 1 else None
+    for rank_no, proc in sorted(peers.items()):
+        checks.append(_peer_check(plan.ranks[rank_no], proc, expected))
     if gates and 0 in digests:
         checks += argv_gate_checks(plan, runners[0])
         checks += gate_checks(plan, runners[0])
     return checks
+
+
+def _peer_check(rank: RankPlan, proc, image: str | None) -> Check:
+    """A rank this launch does not start, but joins: running, on the launch's image, is what the order expects."""
+    said = proc.stdout.split() if proc.returncode == 0 else []
+    if len(said) != 2:
+        return Check("peer", "warn", f"no container {rank.name}: the rank(s) launched now wait for it at the "
+                                     f"rendezvous (the order is rank 1 first, then rank 0)", rank.rank)
+    state, running_image = said
+    if state != "running":
+        return Check("peer", "warn", f"{rank.name} is {state}: the rank(s) launched now wait for it at the rendezvous; "
+                                     f"`sparkstack launch {rank.rank}` starts it again", rank.rank)
+    if image is not None and running_image != image:
+        return Check("peer", "fail", f"{rank.name} runs image {running_image[:19]}, this launch {image[:19]}: "
+                                     "ranks on different images; `sparkstack launch stop`, then ship one image to all",
+                     rank.rank)
+    return Check("peer", "pass", f"{rank.name} is running{f' on {image[:19]}' if image else ''}: this launch joins it",
+                 rank.rank)
 
 
 def argv_gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
@@ -602,7 +630,8 @@ def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
 
 def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] | None, force: bool, gates: bool,
                   environ: dict, thresholds: Thresholds = Thresholds(),
-                  on_check: Callable[[Check], None] | None = None, dry_run: bool = False) -> list[Check]:
+                  on_check: Callable[[Check], None] | None = None, dry_run: bool = False,
+                  launching: tuple[int, ...] | None = None) -> list[Check]:
     """Under `dry_run`, runners may only be asked read-only questions: the gates, which start a container, are skipped."""
     checks = local_checks(plan, host_root, force, environ, thresholds)
     if runners is not None:
@@ -610,7 +639,7 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
             checks += rank_host_checks(plan, runners[rank.rank], host_root, rank.rank)
         checks += worker_fabric_checks(plan, runners, host_root)
         checks += worker_snapshot_checks(plan, runners)
-        checks += docker_checks(plan, runners, gates and not dry_run)
+        checks += docker_checks(plan, runners, gates and not dry_run, launching)
         if gates and not dry_run and not any(c.name in ("gate", "vllm-argv") for c in checks):
             checks.append(Check("gate", "skip", f"the head does not hold {plan.image} yet: the gates run once launch "
                                                 "has loaded it, before any rank starts", 0))

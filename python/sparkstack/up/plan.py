@@ -57,6 +57,7 @@ class UpInputs:
     bench_out: Path
     stages: tuple[str, ...]  # the ones --from/--until leave in
     gates: bool = True  # launch runs the image's gates before the boot (`up --no-gates` skips them)
+    temperature: float = 1.0  # the serving temperature verify's sampling check and bench's requests use
 
     @property
     def built_image(self) -> Path:
@@ -154,11 +155,12 @@ def command(inp: UpInputs, name: str, api_url: str = "http://127.0.0.1:8888") ->
                 "--health-attempts", str(inp.health_attempts), "--worker-delay", f"{inp.worker_delay_s:g}",
                 *([] if inp.gates else ["--no-gates"])]
     elif name == "verify":
-        argv = ["verify", api_url, "--api-key-env", inp.api_key_env, "--timeout", f"{inp.verify_timeout_s:g}"]
+        argv = ["verify", api_url, "--api-key-env", inp.api_key_env, "--timeout", f"{inp.verify_timeout_s:g}",
+                "--temperature", f"{inp.temperature:g}"]
     else:
         argv = ["bench", api_url, "--api-key-env", inp.api_key_env,
                 "--concurrency", ",".join(map(str, inp.bench_concurrency)), "--rounds", str(inp.bench_rounds),
-                *[a for c in inp.bench_categories for a in ("--category", c)]]
+                *[a for c in inp.bench_categories for a in ("--category", c)], "--temperature", f"{inp.temperature:g}"]
     return ("sparkstack", *argv)
 
 
@@ -515,7 +517,7 @@ def plan_verify_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mappin
 
     url = api_url(inp, environ)
     rerun = command(inp, "verify", url)
-    plan = plan_verify(url, None, inp.api_key_env, environ, inp.verify_timeout_s)
+    plan = plan_verify(url, None, inp.api_key_env, environ, inp.verify_timeout_s, inp.temperature)
     held = _held_back("verify", rerun, earlier)
     if held is not None:
         return dataclasses.replace(held, plan=plan.to_json(), work=plan)
@@ -532,7 +534,8 @@ def plan_bench_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping
 
     url = api_url(inp, environ)
     rerun = command(inp, "bench", url)
-    plan = make_plan(url, concurrency=inp.bench_concurrency, rounds=inp.bench_rounds, categories=inp.bench_categories)
+    plan = make_plan(url, concurrency=inp.bench_concurrency, rounds=inp.bench_rounds, categories=inp.bench_categories,
+                     temperature=inp.temperature)
     held = _held_back("bench", rerun, earlier)
     if held is not None:
         return dataclasses.replace(held, plan=plan.to_json(), work=plan)
