@@ -312,6 +312,10 @@ def test_a_rank_launched_alone_joins_its_running_peer(peer, images, expect):
     assert ("stale-container", 1) not in by_name
     assert by_name[("peer", 1)].status == expect, by_name[("peer", 1)]
     assert [c for c in checks if c.status == "fail"] == ([by_name[("peer", 1)]] if expect == "fail" else [])
+    # the other way round, `launch 1` first with no head yet: the order itself, not a warning
+    checks = docker_checks(plan, {0: ContainerHost({}), 1: ContainerHost({})}, gates=False, launching=(1,))
+    assert {(c.name, c.rank): c.status for c in checks if c.name in ("peer", "stale-container")} == \
+        {("peer", 0): "pass", ("stale-container", 1): "pass"}
     # launching every rank: the running worker is a stale container again
     checks = docker_checks(plan, {0: ContainerHost({}), 1: host}, gates=False)
     stale = {c.rank: c.status for c in checks if c.name == "stale-container"}

@@ -568,9 +568,12 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
 def _peer_check(rank: RankPlan, proc, image: str | None) -> Check:
     """A rank this launch does not start, but joins: running, on the launch's image, is what the order expects."""
     said = proc.stdout.split() if proc.returncode == 0 else []
+    if len(said) != 2 and rank.rank == 0:  # workers first: the head comes next, and they wait for it
+        return Check("peer", "pass", f"no container {rank.name} yet: the head starts next (`sparkstack launch 0`), "
+                                     "and the rank(s) launched now wait for it at the rendezvous", rank.rank)
     if len(said) != 2:
-        return Check("peer", "warn", f"no container {rank.name}: the rank(s) launched now wait for it at the "
-                                     f"rendezvous (the order is rank 1 first, then rank 0)", rank.rank)
+        return Check("peer", "warn", f"no container {rank.name}: the head waits for it at the rendezvous (the order "
+                                     f"is the workers first, then rank 0)", rank.rank)
     state, running_image = said
     if state != "running":
         return Check("peer", "warn", f"{rank.name} is {state}: the rank(s) launched now wait for it at the rendezvous; "
