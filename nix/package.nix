@@ -55,6 +55,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.hfcache"
     "sparkstack.image"
     "sparkstack.image.plan"
+    "sparkstack.interrupt"
     "sparkstack.launch"
     "sparkstack.launch.apply"
     "sparkstack.launch.kv"

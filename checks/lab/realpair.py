@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "engine"))
 
-from daemons import DaemonError, pid_alive, stop_pid, wait_for  # noqa: E402
+from daemons import DaemonError, cmdline_holds, pid_alive, stop_pid, wait_for  # noqa: E402
 from lab import Lab, in_netns, sh  # noqa: E402
 
 RECIPE = ROOT / "recipes/lab-vllm-cpu/recipe.toml"
@@ -116,10 +117,11 @@ def build_weights(vllm_py: str, out: Path) -> tuple[Path, Path]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
     target, drafter = out / "target", out / "drafter"
-    subprocess.run([vllm_py, str(HERE.parent / "engine/build_model.py"), str(target), "--mtp"], check=True,
-                   capture_output=True, env=env, timeout=600)
-    subprocess.run([vllm_py, str(HERE.parent / "engine/build_drafter.py"), str(drafter), "--target", str(target)],
-                   check=True, capture_output=True, env=env, timeout=600)
+    for argv in ([str(HERE.parent / "engine/build_model.py"), str(target), "--mtp"],
+                 [str(HERE.parent / "engine/build_drafter.py"), str(drafter), "--target", str(target)]):
+        made = subprocess.run([vllm_py, *argv], capture_output=True, text=True, env=env, timeout=600)
+        if made.returncode != 0:
+            raise AssertionError(f"{Path(argv[0]).name} failed: {made.stderr.strip()[-1500:]}")
     # GLM's weights carry the template image requests need (preflight checks it is there): ours is the text one.
     template = target / "chat_template.jinja"
     text = template.read_text() if template.exists() else json.loads(
@@ -254,7 +256,7 @@ def make_world(lab: Lab, work: Path, vllm_py: str, base: Path) -> World:
             u()
         raise
     world = World(lab, work, home, env, registry, hub, roots, base, undo)
-    world._undo.insert(0, lambda: stop_pair(world))
+    world._undo.append(lambda: stop_pair(world))  # undone first: the pair stops before what it stands on
     return world
 
 
@@ -286,62 +288,136 @@ def prepare(world: World) -> None:
 # ---------------------------------------------------------------- the rehearsal
 
 REHEARSAL = Path(os.environ.get("SPARKSTACK_REHEARSAL_DIR", "/tmp/sparkstack-rehearsal"))
+HOLDER = b"realpair.py"  # what the holder's command line holds: `down` signals no other process by its number
 
 
-def rehearse_up() -> None:
+class Stop(Exception):
+    pass
+
+
+def rehearse_up() -> int:
     import vllm_base
 
+    from clirun import sparkstack_cmd
+
+    if os.geteuid() != 0:
+        return _say("realpair: the lab needs root (network namespaces, dockerd, mounts)")
+    missing = [t for t in ("ip", "nsenter", "unshare", "dockerd", "docker", "sshd", "ssh", "ssh-keygen", "skopeo",
+                           "docker-registry", "debootstrap") if shutil.which(t) is None]
+    if missing:
+        return _say(f"realpair: not installed: {', '.join(missing)} (apt-get install docker.io skopeo docker-registry "
+                    "debootstrap openssh-server openssh-client iproute2)")
     python = os.environ.get("SPARKSTACK_VLLM_PYTHON")
     if not python:
-        sys.exit("realpair: set SPARKSTACK_VLLM_PYTHON to a python with vllm-cpu 0.32.0 (see docs/testing.md)")
-    if (REHEARSAL / "lab.json").exists():
-        sys.exit(f"realpair: a rehearsal is up already ({REHEARSAL}); `python checks/lab/realpair.py down` first")
-    base = vllm_base.ensure(python)
-    lab = Lab(REHEARSAL / "lab", home_mib=HOME_MIB).start()
-    (REHEARSAL / "lab.json").write_text(json.dumps({"tag": lab.tag, "pid": os.getpid()}))
-    world = make_world(lab, REHEARSAL / "work", python, base)
+        return _say("realpair: set SPARKSTACK_VLLM_PYTHON to a python with vllm-cpu 0.32.0 (docs/testing.md)")
+    held = REHEARSAL / "lab.json"
+    if held.exists():
+        return _say(f"realpair: a rehearsal is up already ({REHEARSAL}); `python3 checks/lab/realpair.py down` first")
+
+    def stop(signum, _frame):  # `down`, or a closed terminal: tear down as Ctrl-C does
+        raise Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    shutil.rmtree(REHEARSAL / "work", ignore_errors=True)  # a fresh world each time
+    REHEARSAL.mkdir(parents=True, exist_ok=True)
+    lab = world = None
     try:
+        print("realpair: the base (made once per machine: a few minutes the first time)", flush=True)
+        base = vllm_base.ensure(python)
+        lab = Lab(REHEARSAL / "lab", home_mib=HOME_MIB)
+        held.write_text(json.dumps({"tag": lab.tag, "pid": os.getpid()}))
+        lab.start()
+        print(f"realpair: lab {lab.tag} up; pushing the base to its registry, making the weights", flush=True)
+        world = make_world(lab, REHEARSAL / "work", python, base)
         prepare(world)
-        proc = world.sparkstack(*up_argv("--yes"), timeout=3600, check=False)
-        print(proc.stdout + proc.stderr)
+        print(f"realpair: sparkstack {shlex.join(up_argv('--yes'))}", flush=True)
+        proc = subprocess.run(["ip", "netns", "exec", lab.head.netns, *sparkstack_cmd(), *up_argv("--yes")],
+                              cwd=world.work, env=world.env)  # its output straight to this terminal
         if proc.returncode != 0:
-            raise SystemExit(proc.returncode)
+            return _say(f"realpair: up failed (exit {proc.returncode}); tearing the lab down")
         print(f"\nthe pair is up. From the head's namespace:\n"
               f"  ip netns exec {lab.head.netns} curl -s -H 'Authorization: Bearer {API_KEY}' {API}/v1/models\n"
               f"  cd {world.work} && HOME={world.home} ip netns exec {lab.head.netns} sparkstack launch status "
               f"--recipe my-recipe.toml --ssh-config ssh_config\n"
-              f"holding it until `python checks/lab/realpair.py down` (or Ctrl-C here).", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+              f"holding it until `python3 checks/lab/realpair.py down` (or Ctrl-C here).", flush=True)
         while True:
             time.sleep(3600)
-    except (KeyboardInterrupt, SystemExit):
-        pass
+    except (KeyboardInterrupt, Stop) as exc:
+        print(f"realpair: stopping ({exc or 'Ctrl-C'})", flush=True)
+        return 0
+    except (DaemonError, subprocess.CalledProcessError, AssertionError, OSError) as exc:
+        return _say(f"realpair: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}")
     finally:
-        world.close()
-        lab.stop()
-        (REHEARSAL / "lab.json").unlink(missing_ok=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the teardown is not cut short by a second `down`
+        if world is not None:
+            world.close()
+        if lab is not None:
+            lab.stop()
+        held.unlink(missing_ok=True)
 
 
-def rehearse_down() -> None:
+def _say(line: str) -> int:
+    print(line, file=sys.stderr, flush=True)
+    return 1
+
+
+def rehearse_down() -> int:
+    held = REHEARSAL / "lab.json"
     try:
-        held = json.loads((REHEARSAL / "lab.json").read_text())
-    except OSError:
-        sys.exit(f"realpair: no rehearsal is up ({REHEARSAL / 'lab.json'} is missing)")
-    if pid_alive(held["pid"]):
-        os.kill(held["pid"], signal.SIGTERM)  # it stops the pair and the lab itself
+        doc = json.loads(held.read_text())
+    except (OSError, ValueError):
+        return _say(f"realpair: no rehearsal is up ({held} is missing)")
+    pid = doc.get("pid")
+    if isinstance(pid, int) and pid_alive(pid) and cmdline_holds(pid, HOLDER):
+        os.kill(pid, signal.SIGTERM)  # the holder stops the pair and the lab itself
         deadline = time.monotonic() + 300
-        while pid_alive(held["pid"]) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-    else:  # its holder is gone: take the lab down from what it left
-        Lab(REHEARSAL / "lab", tag=held["tag"]).stop()
-        (REHEARSAL / "lab.json").unlink(missing_ok=True)
+    if held.exists():  # its holder is gone (or never let go): take the lab down from what it left on disk
+        sweep(str(doc.get("tag", "")))
+        held.unlink(missing_ok=True)
     print("the rehearsal is down")
+    return 0
+
+
+def sweep(tag: str) -> None:
+    """A lab whose holder died: its containers, daemons (by pidfile, command line checked), mounts, namespaces."""
+    from lab import lab_leftovers, state_dir
+
+    if not tag or any(c not in "0123456789abcdef" for c in tag):
+        return
+    state = state_dir(tag)
+    for sock in state.glob("*/docker/docker.sock"):
+        ids = sh("docker", "-H", f"unix://{sock}", "ps", "-aq", check=False).stdout.split()
+        if ids:
+            sh("docker", "-H", f"unix://{sock}", "rm", "--force", *ids, check=False)
+    for pidfile in sorted(state.rglob("*.pid")):
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        for name in (b"dockerd", b"containerd", b"sshd", b"docker-registry"):
+            if cmdline_holds(pid, name):
+                stop_pid(pid, expect=name)
+                break
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[1].startswith(str(state))]
+    for mount in sorted(mounts, reverse=True):
+        sh("umount", "-l", mount, check=False)
+    for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
+        if line.split() and line.split()[0].endswith(f"-{tag}"):
+            sh("ip", "netns", "delete", line.split()[0], check=False)
+    shutil.rmtree(state, ignore_errors=True)
+    left = lab_leftovers(tag)
+    if left:
+        print(f"realpair: left behind: {', '.join(left)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["up"]:
-        rehearse_up()
+        sys.exit(rehearse_up())
     elif sys.argv[1:] == ["down"]:
-        rehearse_down()
+        sys.exit(rehearse_down())
     else:
-        sys.exit("usage: python checks/lab/realpair.py up|down")
+        sys.exit("usage: python3 checks/lab/realpair.py up|down")

@@ -22,7 +22,18 @@ def vllm(key: str, proc: str = "Worker_TP0", **figures: str) -> str:
     return f"({proc} pid=7) INFO 05-01 10:00:00 [standin.py:1] {LINES[key].line(**figures)}"
 
 
+# The lines the blog confirms by eye in a Spark head's boot (FACTS.md §2), as that image prints them: the shipped
+# recipe expects them ([boot] expect), and verify fails a boot that lacks one.
+CONFIRMED = [
+    "(EngineCore_DP0 pid=1) INFO 05-01 10:00:00 [modelopt.py:1] Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",
+    "(Worker_TP0 pid=1) INFO 05-01 10:00:00 [nvfp4.py:1] Using 'MARLIN' NvFp4 MoE backend out of potential backends: "
+    "['MARLIN']",
+    "(Worker_TP0 pid=1) INFO 05-01 10:00:00 [eagle3_utils.py:1] Using Eagle3 auxiliary layers from config: "
+    "(6, 15, 25, 34, 43)",
+    "(Worker_TP0 pid=1) INFO 05-01 10:00:00 [breakable_cudagraph.py:1] Breakable CUDA graph enabled",
+]
 HEAD_SCRIPT = [
+    *[[0.0, line] for line in CONFIRMED],
     [0.4, vllm("loading-weights")],
     [0.1, vllm("model-loading")],
     [0.4, vllm("kv-memory", kv_gib="9.54")],

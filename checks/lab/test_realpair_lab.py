@@ -36,8 +36,6 @@ import realpair
 import requests
 from lab import FABRIC_IF, FABRIC, Lab, in_netns
 
-from sparkstack.endpoint import metrics
-
 pytestmark = pytest.mark.xdist_group("realpair")
 
 TRANSCRIPT: dict = {"stages": []}
@@ -127,10 +125,24 @@ def _chat(world, temperature: float = 0.0, max_tokens: int = 24) -> dict:
     return resp.json()
 
 
-def _scrape(world) -> metrics.Snapshot:
+def _spec_counters(world) -> dict:
+    """The head's spec-decode counters, read with prometheus_client's own parser (not sparkstack's)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = _in_head(world, lambda: requests.get(realpair.API + "/metrics", timeout=10,
                                                 headers={"Authorization": f"Bearer {realpair.API_KEY}"}).text)
-    return metrics.parse(text, 0.0)
+    out: dict = {"per_position": {}}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("vllm:spec_decode_") or not s.name.endswith("_total"):
+                continue
+            name = s.name.removeprefix("vllm:spec_decode_").removesuffix("_total")
+            if name == "num_accepted_tokens_per_pos":
+                out["per_position"][int(s.labels["position"])] = out["per_position"].get(
+                    int(s.labels["position"]), 0) + s.value
+            else:
+                out[name] = out.get(name, 0) + s.value
+    return out
 
 
 def _inspect(host, name: str) -> dict:
@@ -188,7 +200,9 @@ def test_up_brings_the_real_pair_from_an_empty_lab(pair):
 
 def test_the_pair_is_two_hosts_serving_one_model_tensor_parallel(pair):
     world, lab = pair, pair.lab
-    image = json.loads((world.work / "image/index.json").read_text())["manifests"][0]
+    from test_runbook import layout_digests
+
+    built = layout_digests(world.work / "image")["config"]  # the image sparkstack built, by its config digest
     ranks = {}
     for rank, host in ((0, lab.head), (1, lab.worker)):
         info = _inspect(host, realpair.CONTAINERS[rank])
@@ -204,7 +218,7 @@ def test_the_pair_is_two_hosts_serving_one_model_tensor_parallel(pair):
         mounts = [(m["Destination"], m["RW"]) for m in info["Mounts"]]
         assert ("/root/.cache/huggingface/hub", False) in mounts
         ranks[rank] = {"host": host.name, "container": info["Id"][:12], "image": info["Image"]}
-    assert ranks[0]["image"] == ranks[1]["image"]
+    assert ranks[0]["image"] == ranks[1]["image"] == built
     _note(ranks=ranks)
     # The worker rank joined over the fabric: its own log says so.
     worker_log = lab.worker.docker("logs", realpair.CONTAINERS[1], check=False)
@@ -246,28 +260,31 @@ def test_verify_passes_and_bench_counts_what_the_head_counts(pair):
     failed = [c for c in json.loads(proc.stdout)["checks"] if c["status"] == "fail"]
     assert proc.returncode == 1 and [c["check"] for c in failed] == ["sampling"], failed
 
-    before = _scrape(world)
+    before = _spec_counters(world)
     proc = world.sparkstack("bench", realpair.API, "--json", "--concurrency", "1", "--rounds", "1", "--category",
                             "count", "--temperature", "0", "--max-tokens", "64", check=False, timeout=900)
-    after = _scrape(world)
+    after = _spec_counters(world)
     _record("bench", proc, keep=20)
     assert "Traceback" not in proc.stderr
     (cell,) = json.loads(proc.stdout)["cells"]
-    mine = metrics.spec_delta(before, after)
-    assert mine.drafts > 0
-    ours = (cell["drafts"], cell["draft_tokens"], cell["accepted_tokens"], cell["per_position"])
-    assert ours == (mine.drafts, mine.draft_tokens, mine.accepted, list(mine.per_position))
-    _note(bench={"bench": {"drafts": cell["drafts"], "draft_tokens": cell["draft_tokens"],
-                           "accepted_tokens": cell["accepted_tokens"], "per_position": cell["per_position"],
-                           "acceptance_length": cell["acceptance_length"]},
-                 "metrics_deltas": {"drafts": mine.drafts, "draft_tokens": mine.draft_tokens,
-                                    "accepted_tokens": mine.accepted, "per_position": list(mine.per_position)}})
+    drafts = after["num_drafts"] - before["num_drafts"]
+    delta = {"drafts": drafts, "draft_tokens": after["num_draft_tokens"] - before["num_draft_tokens"],
+             "accepted_tokens": after["num_accepted_tokens"] - before["num_accepted_tokens"],
+             "per_position": [(after["per_position"][i] - before["per_position"].get(i, 0)) / drafts
+                              for i in sorted(after["per_position"])]}
+    assert drafts > 0 and len(delta["per_position"]) == 4  # num_speculative_tokens 4
+    ours = {k: cell[k] for k in delta}
+    assert [ours[k] for k in ("drafts", "draft_tokens", "accepted_tokens")] == \
+        [delta[k] for k in ("drafts", "draft_tokens", "accepted_tokens")], (ours, delta)
+    assert ours["per_position"] == pytest.approx(delta["per_position"]), (ours, delta)
+    _note(bench={"bench": {**ours, "acceptance_length": cell["acceptance_length"]}, "metrics_deltas": delta})
 
 
 def test_the_design_cards_order_rank_1_then_rank_0(pair):
     world, lab = pair, pair.lab
+    # --no-gates: up's launch ran them on this very image (their own test is up's); each run costs half a minute
     common = ("--recipe", "my-recipe.toml", "--image", "image", "--profile", "lab", "--host-root", "hostroot",
-              "--ssh-config", "ssh_config", "--health-interval", "1", "--health-attempts", "600")
+              "--ssh-config", "ssh_config", "--health-interval", "1", "--health-attempts", "600", "--no-gates")
     proc = world.sparkstack("launch", "stop", "--recipe", "my-recipe.toml", "--ssh-config", "ssh_config")
     _record("launch stop", proc)
     assert not _inspect(lab.head, realpair.CONTAINERS[0]) and not _inspect(lab.worker, realpair.CONTAINERS[1])
@@ -288,7 +305,7 @@ def test_a_worker_that_dies_under_soak_is_named_and_stop_leaves_nothing(pair):
 
     log = world.work / "soak.jsonl"
     soak = start(["ip", "netns", "exec", lab.head.netns, sys.executable, "-m", "sparkstack.cli", "soak", realpair.API,
-                  "--duration", "90s", "--concurrency", "1", "--window", "10s", "--health-interval", "1",
+                  "--duration", "600s", "--concurrency", "1", "--window", "10s", "--health-interval", "1",
                   "--dead-after", "20s", "--max-tokens", "32", "--temperature", "0", "--timeout", "30",
                   "--recipe", "my-recipe.toml", "--log", str(log), "--json"],
                  cwd=world.work, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

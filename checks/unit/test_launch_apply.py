@@ -53,3 +53,25 @@ def test_a_healthy_head_streaming_garbage_fails_with_one_line(tmp_path, stream):
     assert last.startswith("sparkstack: error: ") and "no first token" in last and len(last) < 400
     started = [json.loads(l) for l in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert any(c[0] == "docker" and "run" in c for c in started)  # the failure came after the start, from the stream
+
+
+def test_the_design_cards_order_keeps_both_ranks_in_one_run_record(tmp_path, monkeypatch):
+    """`launch 1`, then `launch 0`: the same plan, so one run id; the record the second writes keeps the worker the
+    first started (a record without it would lose what rank 1 ran)."""
+    import json
+
+    from sparkstack.launch.apply import write_record
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.recipe import load_recipe
+
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    image = "sha256:" + "c" * 64
+    first = write_record(plan, image, None, {1: ["docker", "run", "worker-argv"]})
+    second = write_record(plan, image, None, {0: ["docker", "run", "head-argv"]})
+    assert first == second
+    ranks = json.loads(second.read_text())["ranks"]
+    assert [(r["rank"], r["docker_run"][-1]) for r in ranks] == [(0, "head-argv"), (1, "worker-argv")]
+    # a rank started again replaces its own entry, and only that one
+    write_record(plan, image, None, {1: ["docker", "run", "worker-again"]})
+    assert [r["docker_run"][-1] for r in json.loads(second.read_text())["ranks"]] == ["head-argv", "worker-again"]

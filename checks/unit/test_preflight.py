@@ -291,19 +291,20 @@ def test_an_exited_container_holding_a_ranks_name_fails_preflight():
 
 @pytest.mark.parametrize("peer, images, expect", [
     ("running", {}, "pass"),  # the design card's order: rank 1 up, then rank 0
-    (None, {}, "warn"),  # no rank 1: rank 0 would wait at the rendezvous
+    (None, {}, "warn"),  # no rank 1: out of the order; the head waits for it at the rendezvous
     ("exited", {}, "warn"),
     ("running", {"worker": "sha256:" + "b" * 64}, "fail"),  # a peer on another image
 ])
 def test_a_rank_launched_alone_joins_its_running_peer(peer, images, expect):
     """`launch 0` while rank 1 runs: rank 1's container is the peer the head joins, not a stale container; only
-    rank 0's own name is checked for one. A peer on another image fails, as ranks on different images do."""
+    rank 0's own name is checked for one. A missing or stopped worker is said (the head waits for it at the
+    rendezvous); one on another image fails."""
     from sparkstack.launch.plan import build_plan
     from sparkstack.launch.preflight import docker_checks
     from sparkstack.recipe import load_recipe
 
     plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
-    worker = plan.ranks[1].name
+    head, worker = (r.name for r in plan.ranks)
     host = ContainerHost({worker: peer} if peer else {})
     host.images = {worker: images["worker"]} if images else {}
     checks = docker_checks(plan, {0: ContainerHost({}), 1: host}, gates=False, launching=(0,))
@@ -312,11 +313,29 @@ def test_a_rank_launched_alone_joins_its_running_peer(peer, images, expect):
     assert ("stale-container", 1) not in by_name
     assert by_name[("peer", 1)].status == expect, by_name[("peer", 1)]
     assert [c for c in checks if c.status == "fail"] == ([by_name[("peer", 1)]] if expect == "fail" else [])
-    # the other way round, `launch 1` first with no head yet: the order itself, not a warning
-    checks = docker_checks(plan, {0: ContainerHost({}), 1: ContainerHost({})}, gates=False, launching=(1,))
-    assert {(c.name, c.rank): c.status for c in checks if c.name in ("peer", "stale-container")} == \
-        {("peer", 0): "pass", ("stale-container", 1): "pass"}
+    # rank 0's own name is still checked when it is launched alone
+    checks = docker_checks(plan, {0: ContainerHost({head: "exited"}), 1: host}, gates=False, launching=(0,))
+    assert {c.rank: c.status for c in checks if c.name == "stale-container"} == {0: "fail"}
     # launching every rank: the running worker is a stale container again
     checks = docker_checks(plan, {0: ContainerHost({}), 1: host}, gates=False)
     stale = {c.rank: c.status for c in checks if c.name == "stale-container"}
     assert stale == {0: "pass", 1: "fail" if peer else "pass"}
+
+
+@pytest.mark.parametrize("head, expect", [(None, "pass"), ("running", "warn"), ("exited", "warn")])
+def test_a_worker_launched_alone_comes_before_its_head(head, expect):
+    """`launch 1` first, as the design card orders: no head yet is the order itself. A head already there may be
+    serving, which a worker cannot join: said, with the order to restart in."""
+    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.preflight import docker_checks
+    from sparkstack.recipe import load_recipe
+
+    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    name = plan.ranks[0].name
+    checks = docker_checks(plan, {0: ContainerHost({name: head} if head else {}), 1: ContainerHost({})}, gates=False,
+                           launching=(1,))
+    got = {(c.name, c.rank): c for c in checks if c.name in ("peer", "stale-container")}
+    assert set(got) == {("peer", 0), ("stale-container", 1)}
+    assert got[("peer", 0)].status == expect and got[("stale-container", 1)].status == "pass"
+    if head:
+        assert "launch stop" in got[("peer", 0)].detail

@@ -382,8 +382,15 @@ def test_the_serving_temperature_reaches_verify_and_bench(tmp_path):
     verify = up_plan.plan_verify_stage(inp, {}, {})
     bench = up_plan.plan_bench_stage(inp, {}, {})
     assert verify.work.temperature == 0.0 and bench.work.settings.temperature == 0.0
-    for stage, name in ((verify, "verify"), (bench, "bench")):
-        argv = list(stage.rerun)
+    for planned, name in ((verify, "verify"), (bench, "bench")):
+        argv = list(planned.rerun)
         assert argv[:2] == ["sparkstack", name] and argv[argv.index("--temperature") + 1] == "0", argv
     default = up_plan.plan_verify_stage(inputs(tmp_path), {}, {})
     assert default.work.temperature == 1.0  # the model's own default, as verify's
+    # A verify passed at 0 is not one passed at 1 (a sampler fault shows only above 0): not up to date for it.
+    launch = stage("launch", UP_TO_DATE, outputs={"run": "r1", "head_started_at": 1700.5})
+    record = {"stages": [{"stage": "verify", "outcome": "done",
+                          "outputs": {"run": "r1", "head_started_at": 1700.5, "checks": 7, "temperature": 0.0}}]}
+    at = {t: up_plan.plan_verify_stage(inputs(tmp_path, temperature=t), {}, {"launch": launch}, record).state
+          for t in (0.0, 1.0)}
+    assert at == {0.0: UP_TO_DATE, 1.0: WILL_RUN}

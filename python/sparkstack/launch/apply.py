@@ -18,7 +18,7 @@ from sparkstack.errors import SparkstackError
 from sparkstack.launch.confirm import Confirmed, Expected, judge, plan_expectations
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check, argv_gate_checks, gate_checks, run_preflight
+from sparkstack.launch.preflight import Check, argv_gate_checks, gate_checks, gate_rank, run_preflight
 from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
@@ -303,6 +303,13 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{rid}.json"
+    try:  # `launch 1`, then `launch 0`: one run (the same id), so the record keeps the ranks started before
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if isinstance(earlier, dict) and isinstance(earlier.get("ranks"), list):
+        kept = [r for r in earlier["ranks"] if isinstance(r, dict) and r.get("rank") not in ran]
+        record["ranks"] = sorted(kept + record["ranks"], key=lambda r: r["rank"])
     fsio.write_atomic(path, (json.dumps(record, indent=2) + "\n").encode())
     fsio.write_atomic(d / "latest", rid.encode())
     return path
@@ -381,10 +388,12 @@ class Started:
 
 
 def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check],
-               on_event: Callable[[str], None]) -> None:
+               on_event: Callable[[str], None], launching: list[int]) -> None:
     """The gates preflight left for later because the head did not hold the image yet (`--image LAYOUT`, as `up`
     passes it): load the image there now and run them, in seconds, before any rank starts a 15-minute boot."""
     if plan.image_layout is None or not any(c.name == "gate" and c.status == "skip" for c in checks):
+        return
+    if gate_rank(tuple(launching)) != 0:  # a worker without the image failed preflight's image check already
         return
     load_built_image(plan, runners[0], on_event)
     late = argv_gate_checks(plan, runners[0]) + gate_checks(plan, runners[0])
@@ -403,9 +412,9 @@ def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan]
     verdict = preflight_verdict(checks)
     if verdict:
         raise SparkstackError(verdict)
-    if gates:
-        late_gates(plan, runners, checks, on_event)
     ranks = [r.rank for r in selected]
+    if gates:
+        late_gates(plan, runners, checks, on_event, ranks)
     guard = None
     if memory_guard_gib is not None:
         from sparkstack.launch.guard import memory_guard

@@ -540,7 +540,8 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
             digests[rank.rank] = image_id
         checks.append(_image_check(plan, rank, r, image_id, failure_line(proc)))
         if launching is not None and rank.rank not in launching:
-            peers[rank.rank] = r.run_docker("inspect", "--format", "{{.State.Status}} {{.Image}}", rank.name, timeout=30)
+            peers[rank.rank] = r.run_docker("inspect", "--type", "container", "--format", "{{.State.Status}} {{.Image}}",
+                                            rank.name, timeout=30)
             continue
         proc = r.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", "{{.Names}} {{.State}}", timeout=30)
         if proc.returncode == 0 and proc.stdout.strip():
@@ -559,28 +560,46 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
     expected = next(iter(set(identity.values()))) if len(set(identity.values())) == 1 else None
     for rank_no, proc in sorted(peers.items()):
         checks.append(_peer_check(plan.ranks[rank_no], proc, expected))
-    if gates and 0 in digests:
-        checks += argv_gate_checks(plan, runners[0])
-        checks += gate_checks(plan, runners[0])
+    at = gate_rank(launching)
+    if gates and at in digests:
+        checks += argv_gate_checks(plan, runners[at])
+        checks += gate_checks(plan, runners[at])
     return checks
 
 
+def gate_rank(launching: tuple[int, ...] | None) -> int:
+    """Where the gates run: on the head, unless this launch starts workers only (`launch 1`, before the head):
+    then on the first of them, which holds the image already (ship loaded it), so the head is not touched."""
+    return 0 if not launching or 0 in launching else min(launching)
+
+
 def _peer_check(rank: RankPlan, proc, image: str | None) -> Check:
-    """A rank this launch does not start, but joins: running, on the launch's image, is what the order expects."""
+    """A rank this launch does not start, but meets at the rendezvous. The design card's order is the workers
+    first, then the head: a worker launched before the head waits for it; a head launched alone needs its
+    workers running already, on its image."""
     said = proc.stdout.split() if proc.returncode == 0 else []
-    if len(said) != 2 and rank.rank == 0:  # workers first: the head comes next, and they wait for it
-        return Check("peer", "pass", f"no container {rank.name} yet: the head starts next (`sparkstack launch 0`), "
-                                     "and the rank(s) launched now wait for it at the rendezvous", rank.rank)
+    if proc.returncode != 0 and "no such" not in (proc.stderr + proc.stdout).lower():
+        return Check("peer", "warn", f"cannot tell whether {rank.name} runs: {failure_line(proc)}", rank.rank)
+    restart = ("`sparkstack launch stop`, then the workers (`sparkstack launch 1` ...), then `sparkstack launch 0`")
+    if rank.rank == 0:  # a worker launched alone
+        if len(said) != 2:
+            return Check("peer", "pass", f"no container {rank.name} yet: the head starts next (`sparkstack launch 0`), "
+                                         "and the rank(s) launched now wait for it at the rendezvous", rank.rank)
+        return Check("peer", "warn", f"{rank.name} is {said[0]} already: a worker joins the head only while the head "
+                                     f"waits at the rendezvous; if it serves already, {restart}", rank.rank)
+    # A head launched before its workers is not wrong (vLLM's rendezvous waits for them), only out of the order:
+    # said, not refused.
     if len(said) != 2:
-        return Check("peer", "warn", f"no container {rank.name}: the head waits for it at the rendezvous (the order "
-                                     f"is the workers first, then rank 0)", rank.rank)
+        return Check("peer", "warn", f"no container {rank.name}: the head waits for it at the rendezvous until its "
+                                     f"boot times out; the order is the workers first (`sparkstack launch {rank.rank}`)",
+                     rank.rank)
     state, running_image = said
     if state != "running":
-        return Check("peer", "warn", f"{rank.name} is {state}: the rank(s) launched now wait for it at the rendezvous; "
-                                     f"`sparkstack launch {rank.rank}` starts it again", rank.rank)
+        return Check("peer", "warn", f"{rank.name} is {state}: the head waits for it at the rendezvous; {restart}",
+                     rank.rank)
     if image is not None and running_image != image:
         return Check("peer", "fail", f"{rank.name} runs image {running_image[:19]}, this launch {image[:19]}: "
-                                     "ranks on different images; `sparkstack launch stop`, then ship one image to all",
+                                     f"ranks on different images; {restart}, after shipping one image to all",
                      rank.rank)
     return Check("peer", "pass", f"{rank.name} is running{f' on {image[:19]}' if image else ''}: this launch joins it",
                  rank.rank)

@@ -217,7 +217,7 @@ def _apply_verify(stage: Stage, run: _Run, advance) -> dict:
     failed = verdict(results)
     if failed:
         raise SparkstackError(failed)
-    return {**_launch_outputs(run), "checks": len(results),
+    return {**_launch_outputs(run), "checks": len(results), "temperature": stage.work.temperature,
             "warned": [r.check for r in results if r.status == "warn"]}
 
 

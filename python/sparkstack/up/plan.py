@@ -522,7 +522,7 @@ def plan_verify_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mappin
     if held is not None:
         return dataclasses.replace(held, plan=plan.to_json(), work=plan)
     seen = _checked_for("verify", earlier, last_run)
-    if seen is not None:
+    if seen is not None and seen.get("temperature", 1.0) == inp.temperature:  # verify at 0 says nothing of 1
         return Stage("verify", UP_TO_DATE, f"passed against run {seen['run']} as it serves now ({seen.get('checks')} "
                      "checks)", rerun, outputs=seen, plan=plan.to_json(), work=plan)
     return Stage("verify", WILL_RUN, f"{len(plan.checks)} checks against {url}", rerun, plan=plan.to_json(), work=plan)
