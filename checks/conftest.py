@@ -20,6 +20,32 @@ sys.path.insert(0, str(CHECKS))
 
 from clirun import sparkstack_cmd  # noqa: E402
 
+# xdist groups whose tests wait for something .ci/run makes beside them, and the variable naming the file that says
+# it is made (whole, `ok` or the failure). Until then the group is handed out after the other work, so no worker
+# sits waiting while tests are left; once it exists, the group goes next. Unset (a developer's run): no waiting.
+READY_FILES = {"vllm": "SPARKSTACK_VLLM_READY", "realpair": "SPARKSTACK_VLLM_BASE_READY"}
+
+
+def _made(group: str) -> bool:
+    path = os.environ.get(READY_FILES[group])
+    return not path or os.path.exists(path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`, with the groups of READY_FILES handed out when what they wait for is made (the order
+    changes only when tests run, never which tests run or what they see)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class WhenMade(LoadGroupScheduling):
+        def _assign_work_unit(self, node) -> None:
+            for scope in [s for s in self.workqueue if s in READY_FILES]:
+                self.workqueue.move_to_end(scope, last=not _made(scope))
+            super()._assign_work_unit(node)
+
+    return WhenMade(config, log)
+
 
 @pytest.fixture
 def run_cli():

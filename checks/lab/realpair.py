@@ -122,6 +122,12 @@ def build_weights(vllm_py: str, out: Path) -> tuple[Path, Path]:
         made = subprocess.run([vllm_py, *argv], capture_output=True, text=True, env=env, timeout=600)
         if made.returncode != 0:
             raise AssertionError(f"{Path(argv[0]).name} failed: {made.stderr.strip()[-1500:]}")
+    # The lab model's own sampling default is greedy (its generation_config, which vLLM serves as each request's
+    # default): vLLM 0.32's CPU build corrupts sampled tokens under speculative decoding above 0 (FACTS.md §8), so
+    # a request that names no temperature (verify's chat and tool checks) would get a corrupt answer by luck.
+    # What asks a temperature (verify's sampling check, bench, soak) still gets it.
+    gen = json.loads((target / "generation_config.json").read_text())
+    (target / "generation_config.json").write_text(json.dumps({**gen, "temperature": 0.0}))
     # GLM's weights carry the template image requests need (preflight checks it is there): ours is the text one.
     template = target / "chat_template.jinja"
     text = template.read_text() if template.exists() else json.loads(

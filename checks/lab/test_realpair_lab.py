@@ -307,7 +307,7 @@ def test_a_worker_that_dies_under_soak_is_named_and_stop_leaves_nothing(pair):
     log = world.work / "soak.jsonl"
     soak = start(["ip", "netns", "exec", lab.head.netns, sys.executable, "-m", "sparkstack.cli", "soak", realpair.API,
                   "--duration", "600s", "--concurrency", "1", "--window", "10s", "--health-interval", "1",
-                  "--dead-after", "20s", "--max-tokens", "32", "--temperature", "0", "--timeout", "30",
+                  "--dead-after", "10s", "--max-tokens", "32", "--temperature", "0", "--timeout", "30",
                   "--recipe", "my-recipe.toml", "--log", str(log), "--json"],
                  cwd=world.work, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -325,7 +325,7 @@ def test_a_worker_that_dies_under_soak_is_named_and_stop_leaves_nothing(pair):
     events = [json.loads(line) for line in log.read_text().splitlines()]
     # the head went down with its worker: soak logs the failed requests and the failed /health polls, ends after
     # --dead-after with the summary so far, and says so in one line
-    assert soak.returncode == 1 and "has not been healthy for 20 s" in err, (out[-2000:], err)
+    assert soak.returncode == 1 and "has not been healthy for 10 s" in err, (out[-2000:], err)
     assert [e for e in events if e["type"] == "request" and e.get("error")], events
     assert [e for e in events if e["type"] == "health" and not e["ok"]]
     assert events[-1]["type"] == "summary"

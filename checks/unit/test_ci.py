@@ -60,3 +60,25 @@ def test_the_vllm_tier_waits_for_the_install_ci_runs_beside_it(tmp_path):
     ready.write_text("pip failed: see CI's .venv-vllm log\n")
     assert wait_for_install(ready, bound_s=30) == "the vLLM venv's install failed: pip failed: see CI's .venv-vllm log"
     assert "never finished" in wait_for_install(tmp_path / "absent", bound_s=0.2)
+
+
+def test_a_group_waiting_for_its_ready_file_is_handed_out_after_the_rest(tmp_path):
+    """checks/conftest.py's scheduler: with the vLLM venv's READY file not there yet, the `vllm` group (xdist's
+    largest, so by default first) runs after the other tests; the verdict is the same, only the order moves."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARKSTACK_VLLM_PYTHON", "SPARKSTACK_REQUIRE_LAB")}
+    env["SPARKSTACK_VLLM_READY"] = str(tmp_path / "not-yet")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                           "-v", "checks/engine/test_engine_verify.py", "checks/unit/test_docs.py",
+                           "checks/unit/test_declared_imports.py", "checks/unit/test_structure.py",
+                           "checks/unit/test_seed001.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    done = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("[gw")]
+    grouped = [i for i, name in enumerate(done) if name.endswith("@vllm")]
+    others = [i for i, name in enumerate(done) if not name.endswith("@vllm")]
+    assert grouped and len(others) >= 10, proc.stdout[-2000:]
+    # the group went last, though it is the largest (xdist's own order sends it first): at most the few tests a
+    # worker holds pending when the group is handed out finish after it starts
+    assert sum(i < min(grouped) for i in others) >= len(others) - 4, done
