@@ -31,6 +31,7 @@ def _made(group: str) -> bool:
     return not path or os.path.exists(path)
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`, a child pytest) knows no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`, with the groups of READY_FILES handed out when what they wait for is made (the order
     changes only when tests run, never which tests run or what they see)."""

@@ -8,7 +8,7 @@ import sys
 
 
 def shown(text: str) -> str:
-    return re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/realpair\d+/work/?", "./", text)
+    return re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/(?:popen-gw\d+/)?realpair\d+/work/?", "./", text)
 
 
 def render(doc: dict) -> str:

@@ -33,8 +33,8 @@ CONFIRMED = [
     "(Worker_TP0 pid=1) INFO 05-01 10:00:00 [breakable_cudagraph.py:1] Breakable CUDA graph enabled",
 ]
 HEAD_SCRIPT = [
-    *[[0.0, line] for line in CONFIRMED],
     [0.4, vllm("loading-weights")],
+    *[[0.0, line] for line in CONFIRMED],  # after the first phase: its lower bound is the first delay alone
     [0.1, vllm("model-loading")],
     [0.4, vllm("kv-memory", kv_gib="9.54")],
     [0.1, vllm("kv-tokens", proc="EngineCore_DP0", kv_tokens="989,727")],

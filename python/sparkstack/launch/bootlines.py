@@ -119,17 +119,6 @@ BOOT_LINES = (
              repeats_every_s=60.0, fatal_after_s=600.0),
 )
 
-# Lines FACTS.md §2 lists to confirm the image is the one we built. Superseded by CONFIRM (below), which a recipe
-# picks from and launch/confirm.py judges; kept for readers of this name.
-CONFIRM_LINES = (
-    "Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",
-    "Using 'MARLIN' NvFp4 MoE backend",
-    "Using Eagle3 auxiliary layers from config: (6, 15, 25, 34, 43)",
-    "GPU KV cache size:",
-    "Graph capturing finished",
-)
-
-
 @dataclass(frozen=True)
 class ConfirmLine:
     """A line a recipe may expect its boot to show (FACTS.md §2). `pattern` is searched in the message; its group
