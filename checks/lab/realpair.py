@@ -280,7 +280,10 @@ def up_argv(*extra: str) -> list[str]:
     return ["up", "--recipe", "my-recipe.toml", "--base", "base", "--overlay", "overlay", "--overlay-src", "src",
             "--pins", "pins.json", "--platform", "linux/amd64", "--link-base", "symlink", "--out", "image",
             "--ssh-config", "ssh_config", "--host-root", "hostroot", "--profile", "lab", "--streams", "2",
-            "--worker-delay", "1", "--health-interval", "1", "--health-attempts", "600", *extra]
+            "--worker-delay", "1", "--health-interval", "1", "--health-attempts", "600",
+            # vLLM 0.32's CPU build corrupts sampled tokens under speculative decoding above 0 (FACTS.md §8): verify's
+            # sampling check would rightly fail the pair; verify and bench run at 0 (test_realpair_lab shows the fault)
+            "--temperature", "0", *extra]
 
 
 def prepare(world: World) -> None:
