@@ -15,7 +15,7 @@ import time
 import pytest
 from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, serving
-from sparkstack.cli import verify_cmd
+from sparkstack.cli import verify as verify_cmd
 from sparkstack.verify import CHECKS, plan_verify, run_verify, verdict
 from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, TOOL_ARGS, TOOL_NAME
 

@@ -87,3 +87,14 @@ def started_lines(run) -> list[str]:
         lines.append(f"memory guard: stopped with the boot watch; acted {len(run.guard.fired)} time(s)")
     lines.append(f"run record: {run.record}")
     return lines
+
+
+def last_up_lines(record: dict | None) -> list[str]:
+    """The last `up`'s record, as `launch status` shows it: one line per stage."""
+    if not record:
+        return []
+    lines = [f"last up: recipe {record.get('recipe')}, {record.get('started_at')} ({record.get('record')})"]
+    for r in record.get("stages", []):
+        took = f" in {r.get('seconds', 0):.1f} s" if r.get("outcome") in ("done", "failed", "cut") else ""
+        lines.append(f"  {r.get('stage')}: {r.get('outcome')}{took}")
+    return lines

@@ -275,8 +275,9 @@ def moved(old: Pins, new: Pins) -> list[str]:
 
 # Where a pinned base comes from, for the bases the blog names (FACTS.md §2): its Dockerfile builds `FROM` a tag
 # that is only the upstream's local build-stage name; the public copy of that build is what sparkstack pins.
+BLOG_BASE = "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8"  # what a new pins file pins, when nothing else says
 PROVENANCE = {
-    "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8": (
+    BLOG_BASE: (
         "radixark/vllm-glm53-flash:sm121-v8",
         "the blog builds FROM radixark/vllm-glm53-flash:sm121-v8, the upstream's local build-stage name (no registry "
         "serves it); ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8 is its public copy"),

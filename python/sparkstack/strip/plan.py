@@ -84,6 +84,11 @@ class StripPlan:
         return sum(s.out_size for s in self.shards if s.action == "rewrite") + sum(len(d) for _, d in self.new_files)
 
     @property
+    def bytes_to_copy(self) -> int:
+        """Tensor bytes the rewrite copies: what apply's progress counts (the headers are written, not copied)."""
+        return sum(s.out_size - len(s.new_prefix) for s in self.shards if s.action == "rewrite")
+
+    @property
     def bytes_freed(self) -> int:
         return sum(s.source.size - s.out_size for s in self.shards if s.action != "link")
 
