@@ -152,8 +152,8 @@ def _emit(as_json: bool, doc, lines) -> None:
             click.echo(json.dumps(made, indent=2))
         return
     for line in lines():
-        if isinstance(line, str):
-            click.echo(_shown(line))
+        if isinstance(line, str):  # a renderer's own line breaks stay; anything else is escaped
+            click.echo("\n".join(_shown(part) for part in line.split("\n")))
         else:
             terminal.print_rich(line)
 

@@ -41,12 +41,12 @@ class Opt:
     kind: object = "text"
     env: str | None = None
     metavar: str | None = None
-    show_default: bool = False
+    show_default: bool | str = False  # a text: the default as help shows it (5m, not 300.0)
     required: bool = False
 
 
 def option(default, *flags: str, help: str = "", kind: object = "text", env: str | None = None,
-           metavar: str | None = None, show_default: bool = False, required: bool = False):
+           metavar: str | None = None, show_default: bool | str = False, required: bool = False):
     """A request field that is a command-line option (its first flag is the one `argv` writes)."""
     if env:  # "Seconds between polls (env X)."
         stop = "." if help.endswith(".") else ""
@@ -170,6 +170,7 @@ class View:
             self._secrets.append(secret)
 
     def shown(self, text: str) -> str:
+        """`text` as one line that may be shown: secrets masked, control characters (line breaks too) escaped."""
         from sparkstack.endpoint.client import printable
 
         for secret in self._secrets:

@@ -20,7 +20,7 @@ class Request:
     category: tuple[str, ...] = option((), "--category", kind="names",
                                        help="Suite category (repeatable or comma-separated; default: all of them, in "
                                             "turn).")
-    window: float = option(60.0, "--window", kind="duration", show_default=True, help="Length of one logged window.")
+    window: float = option(60.0, "--window", kind="duration", show_default="60s", help="Length of one logged window.")
     log: Path | None = option(None, "--log", kind="path", help="The JSONL log, created new (default: "
                                                                 "./soak-<UTC time>.jsonl).")
     max_requests: int | None = option(None, "--max-requests", kind=("int", 1, None),
@@ -28,7 +28,7 @@ class Request:
                                            "duration).")
     health_interval: float = option(5.0, "--health-interval", kind=("float", 0.05, 600), show_default=True,
                                     help="Seconds between /health and /metrics reads.")
-    dead_after: float = option(300.0, "--dead-after", kind="duration", show_default=True,
+    dead_after: float = option(300.0, "--dead-after", kind="duration", show_default="5m",
                                help="End the soak when /health stays down this long.")
     max_tokens: int = option(256, "--max-tokens", kind=("int", 1, 1 << 20), show_default=True)
     temperature: float = option(1.0, "--temperature", kind=("float", 0, 2), show_default=True)
