@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from sparkstack.launch.timeline import (
 )
 from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
+from sparkstack.state import launch_runs_dir
 from sparkstack.tune.pagecache import drop_page_cache
 
 
@@ -280,12 +280,6 @@ def run_id(plan: LaunchPlan, image_id: str) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def state_dir() -> Path:
-    base = os.environ.get("SPARKSTACK_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "sparkstack")
-    return Path(base) / "runs"
-
-
 def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[int, list[str]]) -> Path:
     """`ran` is the argv each started rank really ran (after a remote `~` was expanded)."""
     rid = run_id(plan, image_id)
@@ -300,7 +294,7 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
         "api_port": plan.api_port, "model": plan.recipe.model, "served_name": plan.knobs["SERVED_NAME"],
         "drafter": {"repo": plan.recipe.drafter_repo, "licence": plan.recipe.drafter_licence},
     }
-    d = state_dir()
+    d = launch_runs_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{rid}.json"
     try:  # `launch 1`, then `launch 0`: one run (the same id), so the record keeps the ranks started before
@@ -316,7 +310,7 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
 
 
 def latest_record() -> dict | None:
-    d = state_dir()
+    d = launch_runs_dir()
     try:
         return json.loads((d / f"{(d / 'latest').read_text().strip()}.json").read_text())
     except (OSError, ValueError):

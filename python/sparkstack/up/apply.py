@@ -91,9 +91,9 @@ class View:
 
 def record_path() -> Path:
     """Beside launch's run records: $SPARKSTACK_STATE_DIR (else $XDG_STATE_HOME/sparkstack)/up/last.json."""
-    from sparkstack.launch.apply import state_dir
+    from sparkstack.state import up_record_path
 
-    return state_dir().parent / "up" / "last.json"
+    return up_record_path()
 
 
 def read_record() -> dict | None:
