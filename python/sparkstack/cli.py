@@ -772,7 +772,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
     from sparkstack.bench.report import plan_lines, table
     from sparkstack.bench.run import run_bench
     from sparkstack.endpoint.client import Endpoint, check_key_env
-    from sparkstack.endpoint.client import printable
+    from sparkstack.text import printable
     from sparkstack.verify import mask_key
 
     given = {"concurrency": concurrency, "rounds": rounds, "max_tokens": max_tokens, "temperature": temperature,
@@ -827,7 +827,7 @@ def compare(report_a, report_b, dry_run, as_json) -> None:
     from sparkstack.bench.compare import compare as compare_reports
     from sparkstack.bench.compare import table
     from sparkstack.bench.report import settings_line
-    from sparkstack.endpoint.client import printable
+    from sparkstack.text import printable
 
     cmp = compare_reports(report_a, report_b)
     if cmp.settings_differ:

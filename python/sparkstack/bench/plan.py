@@ -9,9 +9,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from ..endpoint.client import base_url
-from ..errors import UsageError
-from . import suite as suite_mod
+from sparkstack.bench import suite as suite_mod
+from sparkstack.endpoint.client import base_url
+from sparkstack.errors import UsageError
 
 DEFAULT_CONCURRENCY = (1, 2, 3, 4, 5, 6)
 DEFAULT_ROUNDS = 3

@@ -22,7 +22,8 @@ from sparkstack.hfcache import (
     refuse_unlisted,
     snapshot_needs,
 )
-from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
+from sparkstack.recipe import Recipe, refuse_installed_recipe
+from sparkstack.text import printable
 from sparkstack.units import human_bytes
 
 
@@ -156,8 +157,8 @@ def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
     todo = wanted(recipe)
     unpinned = [w.field for w in todo if w.revision is None]
     if unpinned:
-        raise SparkstackError(f"{show_path(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
-                              f"commits only; run `sparkstack fetch --resolve --recipe {show_path(recipe.path)}` "
+        raise SparkstackError(f"{printable(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
+                              f"commits only; run `sparkstack fetch --resolve --recipe {printable(recipe.path)}` "
                               "to pin the hub's current ones")
     hub_dir = deployment.local_hub
     warnings = []

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from sparkstack.deploy.plan import Deployment, ImageFlag, Knobs, Rank, plan_deployment
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import snapshot_text
-from sparkstack.recipe import KNOB_DEFAULTS, Recipe, show
+from sparkstack.recipe import KNOB_DEFAULTS, Recipe
+from sparkstack.text import quoted
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
 LAB_DROPS = (("--gpus", "all"), ("--ulimit", "memlock=-1:-1"), ("--device", "/dev/infiniband:/dev/infiniband"))
@@ -138,9 +139,9 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
     try:
         spec = json.loads(raw)
     except (json.JSONDecodeError, RecursionError) as exc:
-        raise SparkstackError(f"--speculative-config is not JSON ({str(exc)[:80]}): {show(raw)}") from None
+        raise SparkstackError(f"--speculative-config is not JSON ({str(exc)[:80]}): {quoted(raw)}") from None
     if not isinstance(spec, dict):
-        raise SparkstackError(f"--speculative-config must be a JSON object: {show(raw)}")
+        raise SparkstackError(f"--speculative-config must be a JSON object: {quoted(raw)}")
     ordered = {"method": spec.pop("method", "dflash")}
     if drafter_path is not None:
         spec.pop("model", None)

@@ -22,6 +22,7 @@ from pathlib import Path
 from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import COMMIT
+from sparkstack.text import printable, quoted
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
 DEFAULT_CLOCK_CAP = "0,2000"  # every published number was measured at this cap (FACTS.md §3)
@@ -83,22 +84,6 @@ _NIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,14}")  # IFNAMSIZ: 15 charact
 _HCA = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}")
 _SIZE = re.compile(r"[0-9]{1,15}(\.[0-9]{1,6})?[kKmMgGtTpP]?[iI]?[bB]?")  # docker's --shm-size units
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-
-
-def show(value: str, limit: int = 60) -> str:
-    """A value as it may appear inside a one-line message: quoted, escaped, cut short."""
-    return repr(value[:limit]) + ("..." if len(value) > limit else "")
-
-
-def brief(value: object, limit: int = 60) -> str:
-    """repr() of any value, cut short for a one-line message."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def show_path(path: Path | str) -> str:
-    text = str(path)
-    return text if text.isprintable() else repr(text)
 
 
 def _line(value: str) -> str | None:
@@ -257,7 +242,7 @@ def check_value(where: str, value: str, kind: Kind) -> None:
     """Raise the one line naming where the value came from, the value and what is wrong with it."""
     problem = kind(value)
     if problem:
-        raise SparkstackError(f"{where}{show(value)} {problem}")
+        raise SparkstackError(f"{where}{quoted(value)} {problem}")
 
 
 def placeholders(where: str, template: str) -> frozenset[str]:
@@ -265,7 +250,7 @@ def placeholders(where: str, template: str) -> frozenset[str]:
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise SparkstackError(f"{where}{show(template)} is not a template ({exc}; "
+        raise SparkstackError(f"{where}{quoted(template)} is not a template ({exc}; "
                               "write {{ for a literal brace)") from None
     names = set()
     for _, field, spec, conversion in parts:
@@ -273,7 +258,7 @@ def placeholders(where: str, template: str) -> frozenset[str]:
             continue
         if field not in PLACEHOLDERS or spec or conversion:
             whole = "{" + field + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
-            raise SparkstackError(f"{where}{show(template)} uses the placeholder {show(whole)}: "
+            raise SparkstackError(f"{where}{quoted(template)} uses the placeholder {quoted(whole)}: "
                                   "only {rank} and knob names (e.g. {WORKER_SSH}) are allowed")
         names.add(field)
     return frozenset(names)
@@ -393,12 +378,12 @@ def _toml_type(value: object) -> str:
 def _check(where: str, table: dict, schema: dict) -> None:
     for key, value in table.items():
         if key not in schema:
-            raise SparkstackError(f"{where}: unknown key {show(key)}")
+            raise SparkstackError(f"{where}: unknown key {quoted(key)}")
         want = schema[key]
         ok = isinstance(value, (int, float) if want is float else want) and not (
             want in (int, float) and isinstance(value, bool))
         if not ok:
-            raise SparkstackError(f"{where}: {key} must be {_TOML_TYPES[want]}, got {_toml_type(value)} {brief(value)}")
+            raise SparkstackError(f"{where}: {key} must be {_TOML_TYPES[want]}, got {_toml_type(value)} {quoted(value)}")
 
 
 def unquote_arg(where: str, arg: object) -> str:
@@ -407,16 +392,16 @@ def unquote_arg(where: str, arg: object) -> str:
     Anything else stays literal: `$`, `;`, `|` and friends are never interpreted.
     """
     if not isinstance(arg, str):
-        raise SparkstackError(f"{where}: args must be strings, got {brief(arg)}")
+        raise SparkstackError(f"{where}: args must be strings, got {quoted(arg)}")
     if "\0" in arg:  # no argv element can carry a NUL byte
-        raise SparkstackError(f"{where}: arg {show(arg)} holds a NUL byte")
+        raise SparkstackError(f"{where}: arg {quoted(arg)} holds a NUL byte")
     if len(arg) >= 2 and arg[0] in "'\"" and arg[-1] == arg[0]:
         try:
             words = shlex.split(arg)
         except ValueError as exc:
-            raise SparkstackError(f"{where}: arg {show(arg)} is not one shell word ({exc})") from None
+            raise SparkstackError(f"{where}: arg {quoted(arg)} is not one shell word ({exc})") from None
         if len(words) != 1:
-            raise SparkstackError(f"{where}: arg {show(arg)} is several shell words; give each as its own element")
+            raise SparkstackError(f"{where}: arg {quoted(arg)} is several shell words; give each as its own element")
         return words[0]
     return arg
 
@@ -445,7 +430,7 @@ def check_args(where: str, raw: list) -> tuple[str, ...]:
         if i + 1 == len(args):
             raise SparkstackError(f"{where}: {flag} is the last arg and has no value")
         if args[i + 1].startswith("-"):
-            raise SparkstackError(f"{where}: {flag} needs a value, got the option {show(args[i + 1])}")
+            raise SparkstackError(f"{where}: {flag} needs a value, got the option {quoted(args[i + 1])}")
         check_value(f"{where}: {flag} ", args[i + 1], VALUE_FLAGS[flag])
         i += 2
     return tuple(args)
@@ -456,7 +441,7 @@ def find_recipe(name_or_path: str | None) -> Path:
     p = Path(value)
     if p.suffix == ".toml" or p.is_file():
         if not p.is_file():
-            raise SparkstackError(f"{show_path(p)}: no such recipe file")
+            raise SparkstackError(f"{printable(p)}: no such recipe file")
         return p
     if p.is_dir() and (p / "recipe.toml").is_file():
         return p / "recipe.toml"
@@ -464,8 +449,8 @@ def find_recipe(name_or_path: str | None) -> Path:
         candidate = base / value / "recipe.toml"
         if candidate.is_file():
             return candidate
-    looked = ", ".join(show_path(b) for b in shipped.recipe_dirs()) or "nowhere: no checkout and no shipped recipes"
-    raise SparkstackError(f"no recipe {show(value)} (looked in {looked})")
+    looked = ", ".join(printable(b) for b in shipped.recipe_dirs()) or "nowhere: no checkout and no shipped recipes"
+    raise SparkstackError(f"no recipe {quoted(value)} (looked in {looked})")
 
 
 def _read_toml(path: Path, w: str) -> dict:
@@ -501,17 +486,17 @@ def _check_node(where: str, n: object, many: bool) -> NodeSpec:
 
 def load_recipe(name_or_path: str | None = None) -> Recipe:
     path = find_recipe(name_or_path)
-    w = show_path(path)
+    w = printable(path)
     doc = _read_toml(path, w)
     _check(w, doc, _TOP_KEYS)
     for key in ("name", "model", "docker_image"):
         if key not in doc:
             raise SparkstackError(f"{w}: missing key {key!r}")
     if doc.get("engine", "vllm") != "vllm":
-        raise SparkstackError(f"{w}: engine {show(doc['engine'])} is not supported (only vllm)")
+        raise SparkstackError(f"{w}: engine {quoted(doc['engine'])} is not supported (only vllm)")
     status = doc.get("status", "ok")
     if status not in ("ok", "blocked"):
-        raise SparkstackError(f"{w}: status must be \"ok\" or \"blocked\", got {show(status)}")
+        raise SparkstackError(f"{w}: status must be \"ok\" or \"blocked\", got {quoted(status)}")
     if status == "blocked" and not doc.get("blocked_reason"):
         raise SparkstackError(f"{w}: a blocked recipe needs blocked_reason")
     for key, kind in (("name", _text), ("docker_image", _image), ("model", _repo), ("distributed_backend", _word),
@@ -527,16 +512,16 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
     for table, label in ((env, "env"), (knobs, "knobs")):
         for k, v in table.items():
             if not isinstance(v, str):
-                raise SparkstackError(f"{w} [{label}]: {k} must be a string, got {_toml_type(v)} {brief(v)}")
+                raise SparkstackError(f"{w} [{label}]: {k} must be a string, got {_toml_type(v)} {quoted(v)}")
     for k, v in env.items():
         if not _ENV_NAME.fullmatch(k):
-            raise SparkstackError(f"{w} [env]: {show(k)} is not an environment variable name")
+            raise SparkstackError(f"{w} [env]: {quoted(k)} is not an environment variable name")
         if k in RECIPE_ONLY_ENV:
             raise SparkstackError(f"{w} [env]: {k} cannot be set in a recipe: {RECIPE_ONLY_ENV[k]}")
         check_value(f"{w} [env]: {k}=", v, KNOB_KINDS[k] if k in ENV_KNOBS else _no_nul)
     unknown_knobs = set(knobs) - set(KNOB_DEFAULTS)
     if unknown_knobs:
-        raise SparkstackError(f"{w} [knobs]: unknown knob {show(sorted(unknown_knobs)[0])}")
+        raise SparkstackError(f"{w} [knobs]: unknown knob {quoted(sorted(unknown_knobs)[0])}")
     for k, v in knobs.items():
         check_value(f"{w} [knobs]: {k}=", v, KNOB_KINDS[k])
     raw_nodes = doc.get("nodes", [])
@@ -549,14 +534,14 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
     drafter = doc.get("drafter", {})
     _check(f"{w} [drafter]", drafter, _DRAFTER_KEYS)
     if "cache_name_knob" in drafter and drafter["cache_name_knob"] not in CACHE_NAME_KNOBS:
-        raise SparkstackError(f"{w} [drafter]: cache_name_knob={show(drafter['cache_name_knob'])} is not a cache-name "
+        raise SparkstackError(f"{w} [drafter]: cache_name_knob={quoted(drafter['cache_name_knob'])} is not a cache-name "
                               f"knob ({' or '.join(CACHE_NAME_KNOBS)})")
     if "method" in drafter:
         check_value(f"{w} [drafter]: method=", drafter["method"], _word)
     clock_cap = doc.get("clock_cap", DEFAULT_CLOCK_CAP)
     cap = _CLOCK_CAP.fullmatch(clock_cap)
     if not cap or int(cap[1]) > int(cap[2]) or not 0 < int(cap[2]) <= CLOCK_CAP_MAX_MHZ:
-        raise SparkstackError(f"{w}: clock_cap={show(clock_cap)} is not MIN,MAX in MHz with MIN <= MAX <= "
+        raise SparkstackError(f"{w}: clock_cap={quoted(clock_cap)} is not MIN,MAX in MHz with MIN <= MAX <= "
                               f"{CLOCK_CAP_MAX_MHZ} (e.g. {DEFAULT_CLOCK_CAP!r}, for nvidia-smi -lgc)")
     clock_cap = f"{int(cap[1])},{int(cap[2])}"  # one spelling for nvidia-smi, tune's stamp and preflight
     gpu_gib = doc.get("gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)
@@ -623,13 +608,13 @@ def _boot(where: str, boot: dict) -> BootExpect:
     expect = boot.get("expect", [])
     for key in expect:
         if key not in CONFIRM_KEYS:
-            raise SparkstackError(f"{where}: expect names {brief(key)}, not a boot line sparkstack knows "
+            raise SparkstackError(f"{where}: expect names {quoted(key)}, not a boot line sparkstack knows "
                                   f"({', '.join(CONFIRM_KEYS)})")
     if len(set(expect)) != len(expect):
         raise SparkstackError(f"{where}: expect names a line twice")
     missing = boot.get("missing", "fail")
     if missing not in BOOT_MISSING:
-        raise SparkstackError(f"{where}: missing must be \"fail\" or \"warn\", got {brief(missing)}")
+        raise SparkstackError(f"{where}: missing must be \"fail\" or \"warn\", got {quoted(missing)}")
     return BootExpect(tuple(expect), missing)
 
 
@@ -637,7 +622,7 @@ def refuse_installed_recipe(recipe: Recipe) -> None:
     """A recipe installed with sparkstack (package data, site-packages, the Nix store) is never edited in place."""
     root = shipped.installed_copy_root(recipe.path)
     if root is not None:
-        raise SparkstackError(f"{show_path(recipe.path)}: is a shipped recipe installed under {show_path(root)}, not "
+        raise SparkstackError(f"{printable(recipe.path)}: is a shipped recipe installed under {printable(root)}, not "
                               f"writable; copy it and pin the copy: cp {shlex.quote(str(recipe.path))} my-recipe.toml "
                               "&& sparkstack fetch --resolve --recipe ./my-recipe.toml")
 
@@ -648,7 +633,7 @@ def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision
     None leaves a field alone. An installed recipe is refused, with the copy command to run."""
     import tomlkit
 
-    path, w = recipe.path, show_path(recipe.path)
+    path, w = recipe.path, printable(recipe.path)
     refuse_installed_recipe(recipe)
     if path.is_symlink():  # replacing it would put a regular file where the link was, the target unchanged
         raise SparkstackError(f"{w}: is a symlink; pin the file it names instead: sparkstack fetch --resolve "

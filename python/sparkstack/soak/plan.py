@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..deploy import Deployment
-from ..errors import UsageError
+from sparkstack.deploy import Deployment
+from sparkstack.errors import UsageError
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
 MAX_DURATION_S = 7 * 24 * 3600

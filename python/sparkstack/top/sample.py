@@ -13,8 +13,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
-from ..endpoint import metrics
-from ..units import finite, rounded
+from sparkstack.endpoint import metrics
+from sparkstack.units import finite, rounded
 
 MINUTE_S = 60.0
 

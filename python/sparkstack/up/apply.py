@@ -54,7 +54,7 @@ class StageFailed(SparkstackError):
     """A stage failed (or was blocked): the one line names it, its own error, and the command to run it alone."""
 
     def __init__(self, result: UpResult, run: StageRun, unblock: str | None = None) -> None:
-        from sparkstack.endpoint.client import printable
+        from sparkstack.text import printable
 
         self.result, self.run = result, run
         if unblock is not None:
@@ -122,7 +122,7 @@ class _Run:
 
     def said(self, text: str) -> str:
         """Server text on our lines, as the single commands show it: the key it may echo masked, controls escaped."""
-        from sparkstack.endpoint.client import printable
+        from sparkstack.text import printable
         from sparkstack.verify import mask_key
 
         return printable(mask_key(text, self.api_key))

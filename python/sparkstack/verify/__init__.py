@@ -3,8 +3,8 @@
 checks.py holds the checks as data (required or warn-only) with their probes; run.py plans (pure) and runs them,
 returning frozen results."""
 
-from .checks import CHECKS, Check, served_models
-from .run import (
+from sparkstack.verify.checks import CHECKS, Check, served_models
+from sparkstack.verify.run import (
     Result,
     VerifyPlan,
     mask_key,

@@ -16,10 +16,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..endpoint import metrics, stats
-from ..endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult, sampled_logprobs
-from ..errors import SparkstackError
-from ..launch.preflight import CHAT_TEMPLATE
+from sparkstack.endpoint import metrics, stats
+from sparkstack.endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult, sampled_logprobs
+from sparkstack.errors import SparkstackError
+from sparkstack.launch.preflight import CHAT_TEMPLATE
 
 
 class CheckFailed(Exception):

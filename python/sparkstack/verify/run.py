@@ -6,10 +6,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..checkline import check_line
-from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env, printable
-from ..errors import SparkstackError, UsageError
-from .checks import CHECKS, Check, CheckFailed, OutOfTime, Session
+from sparkstack.checkline import check_line
+from sparkstack.endpoint.client import Endpoint, EndpointError, base_url, check_key_env
+from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.text import printable
+from sparkstack.verify.checks import CHECKS, Check, CheckFailed, OutOfTime, Session
 
 @dataclass(frozen=True)
 class VerifyPlan:
