@@ -333,7 +333,7 @@ def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypa
     import http.server
     import threading
 
-    from sparkstack.bench.plan import make_plan
+    from sparkstack.bench.plan import plan_bench
     from sparkstack.up import apply as up_apply
 
     class Echo(http.server.BaseHTTPRequestHandler):
@@ -364,7 +364,7 @@ def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypa
     monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
     url = f"http://127.0.0.1:{server.server_address[1]}"
     bench = Stage("bench", WILL_RUN, "bench", ("sparkstack", "bench", url),
-                  work=make_plan(url, concurrency=(1,), rounds=1, categories=("count",), model="tiny"))
+                  work=plan_bench(url, concurrency=(1,), rounds=1, categories=("count",), model="tiny"))
     try:
         with pytest.raises(up_apply.StageFailed) as caught:
             up_apply.apply_up(up_plan.UpPlan("r", (bench,), None), inputs(tmp_path), {"VLLM_API_KEY": secret})

@@ -81,12 +81,12 @@ def main() -> None:
 def strip(src: Path, out: Path | None, index_only: bool, dry_run: bool, as_json: bool) -> None:
     """Remove the MTP layer from a checkpoint, writing a new cache entry and never touching SRC."""
     from sparkstack.hfcache import no_mtp_destination, resolve_source
-    from sparkstack.strip import apply_plan, make_plan
+    from sparkstack.strip import apply_strip, plan_strip
     from sparkstack.strip.plan import plan_lines
 
     source = resolve_source(src)
     dest = (out.absolute() if out else no_mtp_destination(source))
-    plan = make_plan(source, dest, index_only=index_only)
+    plan = plan_strip(source, dest, index_only=index_only)
     for w in plan.warnings:
         _warn(w)
     if dry_run:
@@ -94,7 +94,7 @@ def strip(src: Path, out: Path | None, index_only: bool, dry_run: bool, as_json:
         return
     total = sum(s.out_size - len(s.new_prefix) for s in plan.shards if s.action == "rewrite")
     with terminal.progress("rewriting shards", total, enabled=not plan.up_to_date and total > 0) as advance:
-        result = apply_plan(plan, on_progress=advance, on_wait=lambda dest, pid: click.echo(
+        result = apply_strip(plan, on_progress=advance, on_wait=lambda dest, pid: click.echo(
             f"sparkstack: waiting for another strip of {dest}" + (f" (pid {pid})" if pid else ""), err=True))
     _emit(as_json, lambda: {"plan": plan.to_json(), "result": result.to_json()}, lambda: result.lines(plan))
 
@@ -165,10 +165,10 @@ def image_build(base, overlay_dir, overlay_src, out, variant, wheel_dir, platfor
 @one_line_errors
 def image_verify(path, platform, dry_run, as_json) -> None:
     """Re-hash every blob and check every layer's diff_id."""
-    from sparkstack.oci.verify import plan_verify, verify_image
+    from sparkstack.oci.verify import plan_image_verify, verify_image
 
     if dry_run:
-        plan = plan_verify(path, platform)
+        plan = plan_image_verify(path, platform)
         _print_json(plan.to_json()) if as_json else click.echo(
             f"would verify {path}: config {plan.image.config_digest}, {len(plan.image.layers)} layers, "
             f"{human_bytes(plan.bytes_to_check)}")
@@ -310,9 +310,9 @@ def pin_base(reference, platforms, pins_file, check, dry_run, as_json) -> None:
 @one_line_errors
 def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None:
     """Download one blob or manifest the pins file names, verify it, and write it atomically to --out."""
-    from sparkstack.oci.pins import apply_fetch, default_pins_path, plan_fetch
+    from sparkstack.oci.pins import apply_blob_fetch, default_pins_path, plan_blob_fetch
 
-    plan = plan_fetch(digest, default_pins_path(pins_file), out)
+    plan = plan_blob_fetch(digest, default_pins_path(pins_file), out)
     if dry_run:
         if as_json:
             _print_json(plan.to_json())
@@ -322,7 +322,7 @@ def pin_fetch(digest, pins_file, out, no_digest_check, dry_run, as_json) -> None
                        f"from {plan.registry}/{plan.repository} to {plan.out}")
         return
     with terminal.progress(f"fetching {plan.what}", plan.size, enabled=not plan.up_to_date) as advance:
-        fetched = apply_fetch(plan, on_progress=advance, check_digest=not no_digest_check)
+        fetched = apply_blob_fetch(plan, on_progress=advance, check_digest=not no_digest_check)
     if as_json:
         _print_json({**plan.to_json(), "fetched": fetched})
     else:
@@ -505,10 +505,10 @@ def plan_group() -> None:
 def plan_kv_cmd(recipe, kv_bytes, dry_run, as_json) -> None:
     """Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify."""
     from sparkstack.deploy import load_deployment
-    from sparkstack.launch.kv import kv_plan
+    from sparkstack.launch.kv import plan_launch_kv
     from sparkstack.launch.plan import plan_launch
 
-    kv = kv_plan(plan_launch(load_deployment(recipe, os.environ), os.environ), kv_bytes)
+    kv = plan_launch_kv(plan_launch(load_deployment(recipe, os.environ), os.environ), kv_bytes)
     _emit(as_json, kv.to_json, kv.lines)
 
 
@@ -664,7 +664,7 @@ def soak(url, duration, concurrency, categories, window, log_path, max_requests,
 
         deployment = load_deployment(recipe, os.environ)
     log_path = log_path or Path(time.strftime("soak-%Y%m%dT%H%M%SZ.jsonl", time.gmtime()))
-    plan = soak_plan.build_plan(
+    plan = soak_plan.plan_soak(
         base_url(url), duration_s=duration, concurrency=concurrency, categories=suite.check_categories(_category_names(categories)),
         window_s=window, max_requests=max_requests, log=log_path, health_interval_s=health_interval,
         dead_after_s=dead_after, max_tokens=max_tokens, temperature=temperature, top_p=top_p, model=model,
@@ -767,7 +767,7 @@ def top(url, interval, once, recipe, api_key_env, dry_run, as_json) -> None:
 def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, model, api_key_env, timeout, plot,
           force, dry_run, as_json) -> None:
     """Measure a served stack on the fixed prompt suite: one block per (concurrency, category); exit 1 on a fault."""
-    from sparkstack.bench.plan import make_plan
+    from sparkstack.bench.plan import plan_bench
     from sparkstack.bench.plot import check_destination, write_plot
     from sparkstack.bench.report import plan_lines, table
     from sparkstack.bench.run import run_bench
@@ -777,7 +777,7 @@ def bench(url, concurrency, rounds, max_tokens, temperature, top_p, categories, 
 
     given = {"concurrency": concurrency, "rounds": rounds, "max_tokens": max_tokens, "temperature": temperature,
              "top_p": top_p}
-    plan = make_plan(url, categories=_category_names(categories), model=model, **{k: v for k, v in given.items() if v is not None})
+    plan = plan_bench(url, categories=_category_names(categories), model=model, **{k: v for k, v in given.items() if v is not None})
     check_key_env(api_key_env)
     if plot is not None:
         check_destination(plot)

@@ -81,7 +81,7 @@ class BenchPlan:
                 "requests": self.requests}
 
 
-def make_plan(url: str, *, concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, rounds: int = DEFAULT_ROUNDS,
+def plan_bench(url: str, *, concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, rounds: int = DEFAULT_ROUNDS,
               max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
               top_p: float = DEFAULT_TOP_P, categories: tuple[str, ...] = (), model: str | None = None) -> BenchPlan:
     suite = suite_mod.load()

@@ -17,7 +17,7 @@ from sparkstack.errors import SparkstackError
 from sparkstack.launch.confirm import Confirmed, Expected, judge, plan_expectations
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check, argv_gate_checks, gate_checks, gate_rank, run_preflight
+from sparkstack.launch.preflight import PreflightCheck, argv_gate_checks, gate_checks, gate_rank, run_preflight
 from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
@@ -365,7 +365,7 @@ def runners_for(plan: LaunchPlan, ssh_config: Path | None) -> dict[int, Runner]:
 
 
 def preflight(plan: LaunchPlan, target: str, host_root: Path, runners: dict[int, Runner], probe: bool, force: bool,
-              gates: bool, environ: dict, dry_run: bool) -> tuple[list[RankPlan], list[Check]]:
+              gates: bool, environ: dict, dry_run: bool) -> tuple[list[RankPlan], list[PreflightCheck]]:
     """The ranks TARGET names, and the preflight checks. The ranks (their docker, over ssh) are asked only on a
     real run, or on a dry run with --probe."""
     selected = select_ranks(plan, target)
@@ -381,7 +381,7 @@ class Started:
     guard: object | None  # the memory guard that watched the boot (launch.guard.MemoryGuard), if asked for
 
 
-def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check],
+def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[PreflightCheck],
                on_event: Callable[[str], None], launching: list[int]) -> None:
     """The gates preflight left for later because the head did not hold the image yet (`--image LAYOUT`, as `up`
     passes it): load the image there now and run them, in seconds, before any rank starts a 15-minute boot."""
@@ -398,7 +398,7 @@ def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check]
         raise SparkstackError(verdict)
 
 
-def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[Check], t: Timeouts,
+def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[PreflightCheck], t: Timeouts,
           environ: dict, on_event: Callable[[str], None], drop: bool, memory_guard_gib: float | None,
           host_root: Path, gates: bool = False) -> Started:
     """A failed preflight is the error; else start the selected ranks, with the memory guard polled while they

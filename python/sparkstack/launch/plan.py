@@ -160,7 +160,7 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's, when the argv sets none
 
 
-def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production",
+def plan_launch_from_recipe(recipe: Recipe, environ: Mapping[str, str], profile: str = "production",
                image: ImageFlag | None = None) -> LaunchPlan:
     """The deployment of `recipe` in `environ`, then launch's argv for it."""
     if profile not in ("production", "lab"):

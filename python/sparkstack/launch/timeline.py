@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sparkstack.launch.bootlines import BOOT_LINES, PHASES, BootLine
-from sparkstack.launch.kv import kv_plan
+from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan
 
 GIB = 1 << 30
@@ -147,7 +147,7 @@ def kv_pool(plan: LaunchPlan, timelines: list[RankTimeline]) -> KvPool | None:
     smallest = min(reported, key=lambda t: t.kv_gib)
     # vLLM prints GiB to two decimals: the bytes are that figure's, good to about 5 MiB.
     pool_bytes = round(smallest.kv_gib * GIB)
-    kv = kv_plan(plan, pool_bytes)
+    kv = plan_launch_kv(plan, pool_bytes)
     return KvPool(pool_bytes, smallest.rank, tuple(t.rank for t in reported), kv.tokens, kv.per_token_bytes)
 
 

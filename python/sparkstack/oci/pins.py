@@ -387,7 +387,7 @@ def apply_pin_base(plan: PinBasePlan) -> bool:
 
 
 @dataclass(frozen=True)
-class FetchPlan:
+class BlobFetchPlan:
     pins_path: Path
     reference: str
     registry: str
@@ -438,7 +438,7 @@ def _existing_matches(out: Path, digest: str, size: int | None) -> bool:
     raise SparkstackError(f"{out}: exists and is not {digest}; refusing to replace it (remove it yourself)")
 
 
-def plan_fetch(digest: str, pins_path: Path, out: Path) -> FetchPlan:
+def plan_blob_fetch(digest: str, pins_path: Path, out: Path) -> BlobFetchPlan:
     """Which pinned object DIGEST is and where it comes from; reads only the pins file (and --out)."""
     try:
         digest_hex(digest)
@@ -449,11 +449,11 @@ def plan_fetch(digest: str, pins_path: Path, out: Path) -> FetchPlan:
     if found is None:
         raise SparkstackError(f"{digest} is not named in {pins_path}; refusing to fetch an unpinned object")
     kind, desc, what = found
-    return FetchPlan(pins_path, pins.reference, pins.registry, pins.repository, digest, kind, desc.media_type,
+    return BlobFetchPlan(pins_path, pins.reference, pins.registry, pins.repository, digest, kind, desc.media_type,
                      desc.size, what, out, _existing_matches(out, digest, desc.size))
 
 
-def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = None, check_digest: bool = True) -> bool:
+def apply_blob_fetch(plan: BlobFetchPlan, on_progress: Callable[[int], None] | None = None, check_digest: bool = True) -> bool:
     """Download, verify and publish atomically. Returns False when --out already held the object.
 
     The bytes go to a temp file beside --out, are checked (size and sha256, and for a manifest

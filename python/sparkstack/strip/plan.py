@@ -163,7 +163,7 @@ def _safe_shard_name(key: str, name: object, where: Path) -> str:
     return name
 
 
-def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) -> StripPlan:
+def plan_strip(source: ModelSource, dest_root: Path, index_only: bool = False) -> StripPlan:
     """Read config, index and shard headers, and decide every file's fate. Writes nothing."""
     _refuse_overlap(source.root, dest_root)
     outputs.claim_dir(dest_root, COMMAND)

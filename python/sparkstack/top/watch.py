@@ -59,8 +59,8 @@ def kv_pool(deployment: Deployment | None) -> tuple[int | None, str]:
     """The KV pool in tokens that the recipe's pin buys (launch's KV plan), and a note when unknown."""
     if deployment is None:
         return None, "pool: give --recipe"
-    from sparkstack.launch.kv import kv_plan
+    from sparkstack.launch.kv import plan_launch_kv
     from sparkstack.launch.plan import plan_launch
 
-    kv = kv_plan(plan_launch(deployment, os.environ))
+    kv = plan_launch_kv(plan_launch(deployment, os.environ))
     return kv.tokens, "" if kv.tokens is not None else "pool: unknown for this recipe (no KV pin or per-token cost)"

@@ -140,9 +140,9 @@ def _apply_fetch(stage: Stage, run: _Run, advance) -> dict:
 
 
 def _apply_strip(stage: Stage, run: _Run, advance) -> dict:
-    from sparkstack.strip import apply_plan
+    from sparkstack.strip import apply_strip
 
-    apply_plan(stage.work, on_progress=advance, on_wait=lambda dest, pid: run.say(f"waiting for another strip of {dest}"))
+    apply_strip(stage.work, on_progress=advance, on_wait=lambda dest, pid: run.say(f"waiting for another strip of {dest}"))
     return dict(stage.outputs)
 
 

@@ -242,7 +242,7 @@ def strip_entries(inp: UpInputs, environ: Mapping[str, str]) -> tuple[Path, Path
 
 def plan_strip_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping[str, Stage]) -> Stage:
     from sparkstack.hfcache import no_mtp_destination, resolve_source, snapshot_dir
-    from sparkstack.strip import make_plan
+    from sparkstack.strip import plan_strip
 
     source_entry, served, revision = strip_entries(inp, environ)
     src = snapshot_dir(source_entry, revision) if revision else source_entry
@@ -256,7 +256,7 @@ def plan_strip_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping
         source = resolve_source(src)
         if no_mtp_destination(source) != served:
             rerun = (*rerun, "--out", str(served))
-        plan = make_plan(source, served)
+        plan = plan_strip(source, served)
     except SparkstackError as exc:
         return Stage("strip", BLOCKED, str(exc), rerun, unblock=command(inp, "fetch"))
     outputs = {"entry": served.name, "revision": plan.dest.revision, "fingerprint": plan.fingerprint}
@@ -530,11 +530,11 @@ def plan_verify_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mappin
 
 def plan_bench_stage(inp: UpInputs, environ: Mapping[str, str], earlier: Mapping[str, Stage],
                      last_run: Mapping[str, object] | None = None) -> Stage:
-    from sparkstack.bench.plan import make_plan
+    from sparkstack.bench.plan import plan_bench
 
     url = api_url(inp, environ)
     rerun = command(inp, "bench", url)
-    plan = make_plan(url, concurrency=inp.bench_concurrency, rounds=inp.bench_rounds, categories=inp.bench_categories,
+    plan = plan_bench(url, concurrency=inp.bench_concurrency, rounds=inp.bench_rounds, categories=inp.bench_categories,
                      temperature=inp.temperature)
     held = _held_back("bench", rerun, earlier)
     if held is not None:

@@ -3,7 +3,7 @@
 checks.py holds the checks as data (required or warn-only) with their probes; run.py plans (pure) and runs them,
 returning frozen results."""
 
-from sparkstack.verify.checks import CHECKS, Check, served_models
+from sparkstack.verify.checks import CHECKS, VerifyCheck, served_models
 from sparkstack.verify.run import (
     Result,
     VerifyPlan,
@@ -13,4 +13,5 @@ from sparkstack.verify.run import (
     verdict,
 )
 
-__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "mask_key", "plan_verify", "run_verify", "served_models", "verdict"]
+__all__ = ["CHECKS", "Result", "VerifyCheck", "VerifyPlan", "mask_key", "plan_verify", "run_verify", "served_models",
+           "verdict"]
