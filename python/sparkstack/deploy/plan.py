@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.hfcache import entry_holds, entry_name, hub_path, read_ref, ref_file
-from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, load_recipe
+from sparkstack.recipe import ENV_KNOBS, KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, load_recipe
 from sparkstack.remote import Runner
 from sparkstack.text import printable, quoted
 
@@ -76,7 +76,7 @@ def resolve_knobs(recipe: Recipe, environ: Mapping[str, str], image: ImageFlag |
                 if i + 1 < len(recipe.args):
                     values[knob], where[knob] = recipe.args[i + 1], f"{src} args: {flag} "
         env = dict(recipe.env)
-        for knob in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+        for knob in ENV_KNOBS:
             if knob in env:
                 values[knob], where[knob] = env[knob], f"{src} [env]: {knob}="
     values.update(dict(recipe.knobs))

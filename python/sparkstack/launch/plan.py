@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sparkstack.deploy.plan import Deployment, ImageFlag, Knobs, Rank, plan_deployment
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import snapshot_text
-from sparkstack.recipe import KNOB_DEFAULTS, Recipe
+from sparkstack.recipe import ENV_KNOBS, KNOB_DEFAULTS, Recipe
 from sparkstack.text import quoted
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
@@ -206,7 +206,7 @@ def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, 
     options += ["--label", f"org.sparkstack.recipe={recipe.name}", "--label", f"org.sparkstack.rank={rank}"]
     env: dict[str, str] = {"VLLM_HOST_IP": fabric_ip}
     recipe_env = dict(recipe.env)
-    for knob in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"):
+    for knob in ENV_KNOBS:
         if knob in knobs.active:
             env[knob] = knobs[knob]
             recipe_env.pop(knob, None)
