@@ -200,10 +200,14 @@ class Endpoint:
     def health(self, timeout: float = 5.0) -> tuple[bool, str]:
         """(healthy, detail). A refused connection is not healthy, not an error."""
         try:
-            resp = self._get("/health", timeout)
+            code = self.health_code(timeout)
         except EndpointError as exc:
             return False, str(exc)
-        return resp.status_code == 200, f"HTTP {resp.status_code}"
+        return code == 200, f"HTTP {code}"
+
+    def health_code(self, timeout: float = 5.0) -> int:
+        """/health's HTTP status, waiting at most `timeout` seconds; EndpointError when nothing answers."""
+        return self._get("/health", timeout).status_code
 
     def scrape(self) -> metrics.Scrape | None:
         """/metrics parsed; None when the server has no /metrics (404)."""

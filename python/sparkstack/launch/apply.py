@@ -10,9 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from sparkstack import fsio
+from sparkstack.endpoint.client import Endpoint, EndpointError
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.confirm import Confirmed, Expected, judge, plan_expectations
 from sparkstack.deploy import Deployment, runner_for, select_ranks
@@ -148,39 +147,32 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def first_token_s(port: int, model: str, api_key: str | None) -> float:
-    """One streaming chat request; seconds until its first content token."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "stream": True,
+def _head(plan: LaunchPlan, api_key: str | None = None, timeout: float = 120.0) -> Endpoint:
+    return Endpoint(f"http://127.0.0.1:{plan.api_port}", api_key, timeout)
+
+
+def head_health_code(plan: LaunchPlan) -> int:
+    """The head's /health status within 5 s; EndpointError when nothing answers."""
+    head = _head(plan)
+    try:
+        return head.health_code(timeout=5)
+    finally:
+        head.close()
+
+
+def first_token_s(plan: LaunchPlan, api_key: str | None) -> float:
+    """One streamed chat request to the head; seconds until its first generated token (reasoning counts: GLM thinks
+    first, and 8 tokens may hold no content at all)."""
+    body = {"model": plan.knobs["SERVED_NAME"], "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
-    t0 = time.monotonic()
+    head = _head(plan, api_key)
     try:
-        with requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers, stream=True,
-                           timeout=120) as resp:
-            if resp.status_code != 200:
-                raise SparkstackError(f"chat request returned HTTP {resp.status_code}")
-            for line in resp.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                delta = _chunk_delta(line[6:])
-                if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
-                    return time.monotonic() - t0
-    except requests.RequestException as exc:
-        raise SparkstackError(f"chat request failed: {type(exc).__name__}") from None
-    raise SparkstackError("chat stream ended without a token")
-
-
-def _chunk_delta(data: str) -> dict:
-    """The delta of one streamed chat chunk; anything else (an error event, a non-JSON line) is one clear failure."""
-    try:
-        chunk = json.loads(data)
-        delta = chunk["choices"][0].get("delta") or {}
-        if not isinstance(delta, dict):
-            raise TypeError
-        return delta
-    except (ValueError, RecursionError, KeyError, IndexError, TypeError, AttributeError):
-        shown = data if len(data) <= 120 else data[:117] + "..."
-        raise SparkstackError(f"chat stream sent something that is not a chat chunk: {shown!r}") from None
+        result = head.stream_chat(body)
+    finally:
+        head.close()
+    if result.first_token_s is None:
+        raise SparkstackError("chat stream ended without a token")
+    return result.first_token_s
 
 
 def read_timeline(plan: LaunchPlan, runners: dict[int, Runner]) -> dict[int, tuple[RankTimeline, str, str]]:
@@ -248,14 +240,14 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
             boot.port_open_s = round(time.time() - t0, 3)
             on_event(f"port {plan.api_port} open after {boot.port_open_s:.1f} s")
         try:
-            healthy = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code == 200
-        except requests.RequestException:
+            healthy = head_health_code(plan) == 200
+        except EndpointError:
             healthy = False
         if healthy:  # /health, never /v1/models: that one answers 200 with a dead engine
             boot.health_s = round(time.time() - t0, 3)
             on_event(f"/health 200 after {boot.health_s:.1f} s")
             try:
-                ttft = first_token_s(plan.api_port, plan.knobs["SERVED_NAME"], api_key)
+                ttft = first_token_s(plan, api_key)
             except SparkstackError as exc:
                 raise LaunchFailed(f"healthy, but no first token: {exc}", all_logs(plan, runners, t.log_tail)) from None
             boot.ttft_s = round(time.time() - t0, 3)
@@ -475,8 +467,8 @@ def status(plan: LaunchPlan | Deployment, runners: dict[int, Runner]) -> tuple[l
             row["state"] = f"unknown ({failure_line(proc)})"
         if rank.rank == 0 and row["state"] == "running":
             try:
-                row["health"] = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code
-            except requests.RequestException as exc:
-                row["health"] = f"unreachable ({type(exc).__name__})"
+                row["health"] = head_health_code(plan)
+            except EndpointError as exc:
+                row["health"] = f"unreachable ({exc.kind})"
         out.append(row)
     return out, record
