@@ -45,3 +45,13 @@ def test_a_gate_that_could_not_run_says_so():
     checks = argv_gate_checks(plan, NoDocker())
     assert all(c.status == "fail" and c.detail.startswith("the argv gate did not run: ") for c in checks)
     assert "no such image" in checks[0].detail
+
+
+def test_the_gate_script_is_its_own_module_sent_as_written():
+    """The script lives in launch/argv_gate.py (importable, lintable) and goes to the container as its file's text."""
+    from pathlib import Path
+
+    from sparkstack.launch import argv_gate
+
+    assert ARGV_GATE == Path(argv_gate.__file__).read_text()
+    assert callable(argv_gate.judge)
