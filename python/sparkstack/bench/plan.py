@@ -16,7 +16,7 @@ from sparkstack.errors import UsageError
 DEFAULT_CONCURRENCY = (1, 2, 3, 4, 5, 6)
 DEFAULT_ROUNDS = 3
 DEFAULT_MAX_TOKENS = 512
-DEFAULT_TEMPERATURE = 1.0  # the model's own sampling defaults (FACTS §5): temperature 0 flatters acceptance
+DEFAULT_TEMPERATURE = 1.0  # the model's own sampling defaults (top-p 0.95): temperature 0 flatters acceptance
 DEFAULT_TOP_P = 0.95
 
 

@@ -108,7 +108,7 @@ def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
 
 def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
                 on_event: Callable[[str], None]) -> None:
-    """sync and drop the page cache on every rank being started (FACTS.md §3 does it on both nodes):
+    """sync and drop the page cache on every rank being started (the seed launcher does it on both nodes):
     on unified memory, the page cache counts against the GPU's free memory at engine start."""
     for rank in ranks:
         runner = runners[rank].for_root()  # `sudo -n` where the user is not root, as tune and the guard

@@ -29,7 +29,7 @@ from sparkstack.strip.mtp import mtp_keys, mtp_levels_left, num_hidden_layers
 from sparkstack.tune.facts import GIB, HostFacts, read_facts
 
 CHAT_TEMPLATE = "chat_template_mm.jinja"
-# Runtime gates when the image carries none in its labels (FACTS.md §2).
+# Runtime gates when the image carries none in its labels: the overlay's build gates (overlays/dflash2/overlay.toml).
 DEFAULT_GATES = (
     ("python3", "-c", "from vllm.model_executor.models.registry import ModelRegistry; "
                       "assert 'DFlash2DraftModel' in ModelRegistry.get_supported_archs()"),
@@ -37,7 +37,7 @@ DEFAULT_GATES = (
     ("python3", "-c", "import vllm.v1.worker.gpu.spec_decode.dflash2.speculator"),
 )
 
-# The InstantTensor variant's own gates (FACTS.md §2): its wheel drags NCCL down to 2.29.7, fatal on the fabric, so
+# The InstantTensor variant's own gates: its wheel drags NCCL down to 2.29.7, fatal on the fabric, so
 # the image must hold the re-pinned 2.30.7; and the loader `--load-format instanttensor` names must import.
 NCCL_PIN = "2.30.7"
 INSTANTTENSOR_GATES = (

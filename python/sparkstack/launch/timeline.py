@@ -127,7 +127,8 @@ def parse_rank(rank: int, logs: str, started: float) -> RankTimeline:
 
 @dataclass(frozen=True)
 class KvPool:
-    """The KV pool is the minimum across ranks (FACTS.md §4); in tokens through the recipe's measured bytes per token."""
+    """The KV pool is the minimum across ranks (each profiles its own; the worker usually 3.0-4.8 GiB less than the
+    head); in tokens through the recipe's measured bytes per token."""
 
     kv_bytes: int
     smallest_rank: int

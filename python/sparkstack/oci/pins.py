@@ -273,7 +273,7 @@ def moved(old: Pins, new: Pins) -> list[str]:
 # ---------------------------------------------------------------- pin base: plan, apply
 
 
-# Where a pinned base comes from, for the bases the blog names (FACTS.md §2): its Dockerfile builds `FROM` a tag
+# Where a pinned base comes from, for the bases the blog names: its Dockerfile builds `FROM` a tag
 # that is only the upstream's local build-stage name; the public copy of that build is what sparkstack pins.
 PROVENANCE = {
     "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8": (

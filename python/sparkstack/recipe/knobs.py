@@ -8,7 +8,8 @@ from sparkstack.recipe.values import (
     node_rank, not_a_flag, or_empty, port, spec_json, text, token, word,
 )
 
-# The old launcher's knobs and their defaults (FACTS.md §3). An empty environment reproduces them.
+# The seed launcher's knobs and their tuned defaults (the knob table in docs/commands/launch.md). An empty
+# environment reproduces the published numbers.
 KNOB_DEFAULTS: dict[str, str] = {
     "IMAGE": "glm53-dflash2-tony:v1",
     "NAME": "glm53-tony-rank{rank}",
@@ -36,7 +37,7 @@ KNOB_DEFAULTS: dict[str, str] = {
 }
 
 # Every knob's kind. An empty value is refused unless it means something (LOAD_FORMAT off, EAGER off,
-# KV_CACHE_MEMORY set but empty drops the pin: FACTS.md §3).
+# KV_CACHE_MEMORY set but empty drops the pin, as in the seed launcher).
 KNOB_KINDS: dict[str, Kind] = {
     "IMAGE": image_ref, "NAME": container_name, "SERVED_NAME": text, "MODEL_CACHE_NAME": cache_name,
     "DRAFT_CACHE_NAME": cache_name, "HF_HOME": hf_home, "LOAD_FORMAT": or_empty(word), "EAGER": eager,

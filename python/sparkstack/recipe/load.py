@@ -26,8 +26,9 @@ from sparkstack.text import printable, quoted
 
 
 DEFAULT_RECIPE = "glm53-flash-dflash2-nvfp4"
-DEFAULT_CLOCK_CAP = "0,2000"  # every published number was measured at this cap (FACTS.md §3)
-DEFAULT_GPU_MEMORY_GIB = 121.69  # GB10: what vLLM's free-memory check measures against (FACTS.md §7)
+DEFAULT_CLOCK_CAP = "0,2000"  # the seed's `nvidia-smi -lgc`: every published number was measured at this cap
+# GB10: what vLLM's free-memory check measures against ("Free memory on device cuda:0 (104.46/121.69 GiB)")
+DEFAULT_GPU_MEMORY_GIB = 121.69
 _CLOCK_CAP = re.compile(r"([0-9]{1,5}),([0-9]{1,5})")
 CLOCK_CAP_MAX_MHZ = 5000  # above any GPU's graphics clock (GB10's boost is about 3 GHz)
 MAX_NODES = 1024
@@ -70,7 +71,7 @@ _DRAFTER_KEYS = {"cache_name_knob": str, "method": str, "repo": str, "revision":
 _BOOT_KEYS = {"expect": list, "missing": str}
 BOOT_MISSING = ("fail", "warn")
 # The boot lines a recipe may expect, by key; launch/bootlines.py's CONFIRM holds their patterns (an assert there
-# keeps the two equal). FACTS.md §2's list, plus the KV size and graph lines of §7.
+# keeps the two equal). The lines the blog confirms by eye in a head's boot, with the KV size and graph lines.
 CONFIRM_KEYS = ("modelopt-nvfp4", "nvfp4-moe-backend", "eagle3-aux-layers", "kv-cache-size", "breakable-cuda-graph",
                 "graph-capture")  # what verify makes of an expected boot line the running pair's boot lacks
 _KV_KEYS = {"measured_bytes": int, "measured_tokens": int, "mla_page_bytes_per_token": int,
