@@ -78,6 +78,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.strip"
     "sparkstack.strip.plan"
     "sparkstack.terminal"
+    "sparkstack.text"
     "sparkstack.top"
     "sparkstack.top.view"
     "sparkstack.top.watch"

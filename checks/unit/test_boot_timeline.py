@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from sparkstack.launch.bootlines import BOOT_LINES, PHASES
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.timeline import docker_time, kv_pool, last_lines, parse_rank, timeline_lines
 from sparkstack.recipe import load_recipe
 
@@ -187,7 +187,7 @@ def test_docker_time_keeps_the_microseconds():
 
 def test_the_pool_is_the_minimum_across_ranks_in_bytes_and_tokens(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    plan = build_plan(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
     head, worker = parse_rank(0, as_logs(HEAD), T0), parse_rank(1, as_logs(OLDER_WORKER), T0)
     pool = kv_pool(plan, [head, worker])
     want = round(5.12 * 2**30)  # the worker's 5.12 GiB

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkstack.launch.confirm import judge, plan_expectations
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.report import status_lines
 from sparkstack.launch.timeline import parse_rank
 from sparkstack.recipe import load_recipe
@@ -53,7 +53,7 @@ def hf_home(tmp_path):
 
 
 def expected(hf_home: Path, recipe=None, **env):
-    return plan_expectations(build_plan(load_recipe(recipe), {"HF_HOME": str(hf_home), **env}))
+    return plan_expectations(plan_launch_from_recipe(load_recipe(recipe), {"HF_HOME": str(hf_home), **env}))
 
 
 def test_every_line_the_blog_confirms_is_seen_in_its_boot(hf_home):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.recipe import load_recipe
 
 SHIPPED = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-mxfp8/recipe.toml"
@@ -71,7 +71,7 @@ def test_seed_001_loaded_as_a_recipe_serves_as_glm53(tmp_path):
     body += "\n".join(f"{k} = {json.dumps(v)}" for k, v in SEED["env"].items())
     seed.write_text(body + "\n")
     for recipe in (seed, SHIPPED):
-        plan = build_plan(load_recipe(str(recipe)), {"HF_HOME": str(tmp_path)})
+        plan = plan_launch_from_recipe(load_recipe(str(recipe)), {"HF_HOME": str(tmp_path)})
         argv = list(plan.ranks[0].engine_argv)
         assert argv[argv.index("--served-model-name") + 1] == "glm53" and argv.count("--served-model-name") == 1
 

@@ -171,7 +171,7 @@ class View:
 
     def shown(self, text: str) -> str:
         """`text` as one line that may be shown: secrets masked, control characters (line breaks too) escaped."""
-        from sparkstack.endpoint.client import printable
+        from sparkstack.text import printable
 
         for secret in self._secrets:
             text = text.replace(secret, "***")

@@ -1,29 +1,35 @@
-"""The state directory: launch's run records and `up`'s last record, under one root."""
+"""Where sparkstack keeps what it remembers between runs: launch's run records and up's last run.
+
+The root is $SPARKSTACK_STATE_DIR, else $XDG_STATE_HOME/sparkstack, else ~/.local/state/sparkstack (the XDG
+base directory rule for state that outlives a run but is not worth backing up).
+"""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 
 def state_root() -> Path:
-    """$SPARKSTACK_STATE_DIR, else $XDG_STATE_HOME/sparkstack, else ~/.local/state/sparkstack."""
     base = os.environ.get("SPARKSTACK_STATE_DIR") or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "sparkstack")
     return Path(base)
 
 
 def launch_runs_dir() -> Path:
+    """launch's run records, one `<run id>.json` each, and `latest`."""
     return state_root() / "runs"
 
 
 def up_record_path() -> Path:
+    """up's record of its last run, which the next `up` resumes from."""
     return state_root() / "up" / "last.json"
 
 
 def read_up_record() -> dict | None:
     """The last `up`'s record, or None when there is none (or it is unreadable)."""
+    import json
+
     try:
         doc = json.loads(up_record_path().read_text())
     except (OSError, ValueError):

@@ -50,14 +50,14 @@ class Plan:
 
 
 def plan(request: Request, environ: Mapping[str, str]) -> Plan:
-    from sparkstack.bench.plan import make_plan
+    from sparkstack.bench.plan import plan_bench
     from sparkstack.bench.plot import check_destination
     from sparkstack.endpoint.client import check_key_env
 
     r = request
     given = {"concurrency": r.concurrency, "rounds": r.rounds, "max_tokens": r.max_tokens,
              "temperature": r.temperature, "top_p": r.top_p}
-    bp = make_plan(r.url, categories=r.category, model=r.model, **{k: v for k, v in given.items() if v is not None})
+    bp = plan_bench(r.url, categories=r.category, model=r.model, **{k: v for k, v in given.items() if v is not None})
     check_key_env(r.api_key_env)
     if r.plot is not None:
         check_destination(r.plot)

@@ -23,7 +23,8 @@ from sparkstack.hfcache import (
     refuse_unlisted,
     snapshot_needs,
 )
-from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
+from sparkstack.recipe import Recipe, refuse_installed_recipe
+from sparkstack.text import printable
 from sparkstack.units import human_bytes
 
 
@@ -156,7 +157,7 @@ def pin_steps(recipe: Recipe) -> str:
     from sparkstack.shipped import installed_copy_root
 
     if installed_copy_root(recipe.path) is None:
-        return f"sparkstack fetch --resolve --recipe {show_path(recipe.path)}"
+        return f"sparkstack fetch --resolve --recipe {printable(recipe.path)}"
     return (f"{shlex.join(['cp', str(recipe.path), 'my-recipe.toml'])} && "
             "sparkstack fetch --resolve --recipe ./my-recipe.toml")
 
@@ -168,7 +169,7 @@ def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
     todo = wanted(recipe)
     unpinned = [w.field for w in todo if w.revision is None]
     if unpinned:
-        raise SparkstackError(f"{show_path(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
+        raise SparkstackError(f"{printable(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
                               f"commits only; run `{pin_steps(recipe)}` to pin the hub's current ones")
     hub_dir = deployment.local_hub
     warnings = []

@@ -247,10 +247,10 @@ class KvRequest:
 
 def _plan_kv(request: KvRequest, environ: Mapping[str, str]):
     from sparkstack.deploy import load_deployment
-    from sparkstack.launch.kv import kv_plan
+    from sparkstack.launch.kv import plan_launch_kv
     from sparkstack.launch.plan import plan_launch
 
-    return kv_plan(plan_launch(load_deployment(request.recipe, environ), environ), request.kv_bytes)
+    return plan_launch_kv(plan_launch(load_deployment(request.recipe, environ), environ), request.kv_bytes)
 
 
 PLAN_KV = Command(("plan", "kv"), KvRequest, _plan_kv, lambda p, view: p, plan_lines=lambda kv: kv.lines(),

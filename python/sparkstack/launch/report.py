@@ -5,11 +5,11 @@ from __future__ import annotations
 import shlex
 
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check
+from sparkstack.launch.preflight import PreflightCheck
 from sparkstack.launch.confirm import confirm_lines
 from sparkstack.launch.timeline import timeline_lines
 
-def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],
+def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[PreflightCheck],
                      drop_caches: bool) -> dict:
     """`launch --dry-run --json`: one rank prints its own object (with `docker_run`); `all` always prints `ranks`."""
     doc = plan.to_json()
@@ -21,7 +21,7 @@ def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], ch
     return {**{k: v for k, v in doc.items() if k != "ranks"}, **selected[0].to_json(), **extra}
 
 
-def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check]) -> dict | None:
+def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[PreflightCheck]) -> dict | None:
     """With --image LAYOUT, apply loads it on the head unless the head already holds its config digest."""
     if plan.image_layout is None or 0 not in [r.rank for r in selected]:
         return None
@@ -32,7 +32,7 @@ def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check])
             "if_missing": not known}
 
 
-def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check], drop_caches: bool) -> list[str]:
+def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[PreflightCheck], drop_caches: bool) -> list[str]:
     """The human form of dry_run_document."""
     r = plan.recipe
     lines = [f"recipe {r.name} ({r.status}{': ' + r.blocked_reason if r.blocked else ''}), profile {plan.profile}"]
@@ -51,7 +51,7 @@ def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check
     return lines
 
 
-def preflight_verdict(checks: list[Check]) -> str | None:
+def preflight_verdict(checks: list[PreflightCheck]) -> str | None:
     """None when launch may go on; else the one line that says why not."""
     failed = [c for c in checks if c.status == "fail"]
     if not failed:

@@ -34,9 +34,9 @@ class VerifyPlan:
 
 
 def _plan_verify(request: VerifyRequest, environ: Mapping[str, str]) -> VerifyPlan:
-    from sparkstack.oci.verify import plan_verify
+    from sparkstack.oci.verify import plan_image_verify
 
-    return VerifyPlan(request, plan_verify(request.path, request.platform))
+    return VerifyPlan(request, plan_image_verify(request.path, request.platform))
 
 
 def _apply_verify(p: VerifyPlan, view: View):
@@ -183,17 +183,17 @@ class PinFetchPlan:
 
 
 def _plan_pin_fetch(request: PinFetchRequest, environ: Mapping[str, str]) -> PinFetchPlan:
-    from sparkstack.oci.pins import default_pins_path, plan_fetch
+    from sparkstack.oci.pins import default_pins_path, plan_blob_fetch
 
-    return PinFetchPlan(request, plan_fetch(request.digest, default_pins_path(request.pins), request.out))
+    return PinFetchPlan(request, plan_blob_fetch(request.digest, default_pins_path(request.pins), request.out))
 
 
 def _apply_pin_fetch(p: PinFetchPlan, view: View) -> bool:
-    from sparkstack.oci.pins import apply_fetch
+    from sparkstack.oci.pins import apply_blob_fetch
 
     f = p.fetch
     with view.progress(f"fetching {f.what}", f.size, enabled=not f.up_to_date) as advance:
-        return apply_fetch(f, on_progress=advance, check_digest=not p.request.no_digest_check)
+        return apply_blob_fetch(f, on_progress=advance, check_digest=not p.request.no_digest_check)
 
 
 def _fetch_plan_line(p: PinFetchPlan) -> str:

@@ -55,7 +55,7 @@ class Plan:
 def plan(request: Request, environ: Mapping[str, str]) -> Plan:
     from sparkstack.bench import suite as bench_suite
     from sparkstack.endpoint.client import base_url
-    from sparkstack.soak.plan import build_plan
+    from sparkstack.soak.plan import plan_soak
 
     r = request
     key = api_key(r.api_key_env, environ)
@@ -66,7 +66,7 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
 
         deployment = load_deployment(r.recipe, environ)
     log = r.log or Path(time.strftime("soak-%Y%m%dT%H%M%SZ.jsonl", time.gmtime()))
-    sp = build_plan(base_url(r.url), duration_s=r.duration, concurrency=r.concurrency,
+    sp = plan_soak(base_url(r.url), duration_s=r.duration, concurrency=r.concurrency,
                     categories=suite.check_categories(r.category), window_s=r.window, max_requests=r.max_requests,
                     log=log, health_interval_s=r.health_interval, dead_after_s=r.dead_after, max_tokens=r.max_tokens,
                     temperature=r.temperature, top_p=r.top_p, model=r.model, request_timeout_s=r.timeout,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.command import UP_TO_DATE, WILL_RUN, Command, Summary, View, argument, option
-from sparkstack.strip.apply import StripResult, apply_plan
-from sparkstack.strip.plan import StripPlan, make_plan
+from sparkstack.strip.apply import StripResult, apply_strip
+from sparkstack.strip.plan import StripPlan, plan_strip
 from sparkstack.strip.plan import plan_lines as strip_plan_lines
 from sparkstack.units import human_bytes
 
@@ -37,13 +37,13 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
 
     source = resolve_source(request.src)
     dest = request.out.absolute() if request.out else no_mtp_destination(source)
-    return Plan(request, make_plan(source, dest, index_only=request.index_only))
+    return Plan(request, plan_strip(source, dest, index_only=request.index_only))
 
 
 def apply(p: Plan, view: View) -> StripResult:
     total = p.strip.bytes_to_copy
     with view.progress("rewriting shards", total, enabled=not p.strip.up_to_date and total > 0) as advance:
-        return apply_plan(p.strip, on_progress=advance, on_wait=lambda dest, pid: view.note(
+        return apply_strip(p.strip, on_progress=advance, on_wait=lambda dest, pid: view.note(
             f"sparkstack: waiting for another strip of {dest}" + (f" (pid {pid})" if pid else "")))
 
 

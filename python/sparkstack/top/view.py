@@ -8,7 +8,7 @@ import time
 from rich.table import Table
 from rich.text import Text
 
-from .sample import History
+from sparkstack.top.sample import History
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 30
