@@ -34,8 +34,8 @@ python3Packages.buildPythonApplication {
   doCheck = false;
   # Every sparkstack module a user's command imports (cli.py imports each command's package when it runs):
   # an import missing from `dependencies` fails the build here, not a user's command (checks/nix/
-  # test_flake_files.py keeps this list equal to what cli.py and its command objects import). Imports inside functions are held to
-  # pyproject by checks/unit/test_declared_imports.py instead.
+  # test_flake_files.py keeps this list equal to what cli.py and its command objects import). Imports inside
+  # functions are held to pyproject by checks/unit/test_declared_imports.py instead.
   pythonImportsCheck = [
     "sparkstack"
     "sparkstack.bench"
