@@ -25,7 +25,7 @@ STEADY = 0.6  # long steps: a loaded machine's jitter (tens of ms a request) sta
 
 def expected_spec(pattern, spec_tokens=SPEC_TOKENS):
     """Acceptance length and per-position rates of a pattern: each step is one draft; position i counts the drafts
-    with at least i + 1 tokens accepted (FACTS §5)."""
+    with at least i + 1 tokens accepted, as vLLM's per-position counter does."""
     length = 1 + sum(pattern) / len(pattern)
     rates = [sum(1 for a in pattern if a > i) / len(pattern) for i in range(spec_tokens)]
     return length, rates

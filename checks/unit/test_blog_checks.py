@@ -84,7 +84,7 @@ def test_up_launches_with_the_gates_and_no_gates_leaves_them_out(tmp_path):
 
 
 def test_instanttensor_loads_get_the_nccl_pin_and_the_import_gate(tmp_path):
-    """FACTS.md §2: the instanttensor wheel drags NCCL down to 2.29.7; the variant re-pins 2.30.7."""
+    """The instanttensor wheel drags NCCL down to 2.29.7; the variant re-pins 2.30.7."""
     plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path), "LOAD_FORMAT": "instanttensor"})
     standins.install(tmp_path / "bin")
     import os

@@ -1,5 +1,6 @@
 """The boot timeline parser: every line of the boot-line table behind vLLM's prefixes, real-looking logs of recent
-and older builds, every fatal line of FACTS.md §7, the warning that is fatal only when it keeps repeating, the pool."""
+and older builds, every line known to be fatal at boot, the warning that is fatal only when it keeps repeating,
+the pool."""
 
 import re
 from datetime import UTC, datetime
@@ -108,7 +109,8 @@ def test_seconds_count_from_this_container_start():
     assert dict(tl.phases)["weights loaded"] == 290.0 - 60.5
 
 
-# Every fatal line of FACTS.md §7, as a rank prints it; the key is the test author's, not read from the table.
+# Every line known to be fatal at boot (from upstream reports), as a rank prints it; the key is the test author's,
+# not read from the table.
 FATAL = {
     "kv-page-size": "(EngineCore_DP0 pid=250) NotImplementedError: layers.3.self_attn.indexer.k_cache: page size is "
                     "not divisible by the maximum page size and cannot be padded",

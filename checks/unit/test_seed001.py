@@ -1,9 +1,9 @@
 """Seed 001 (the blog's MXFP8 recipe) against the shipped recipe, field by field. Every difference is either gone
 or listed below with its reason.
 
-Seed 001's own text is not in this repository. SEED is its content as FACTS.md §4 ("The MXFP8 recipe") records
-it, plus `--served-model-name glm53`, which issue 29 quotes from it; the values of `docker_image` and
-`docker_image_dir` are not recorded anywhere here, so the seed below has the keys' names only (FACTS.md §4 lists
+Seed 001's own text is not in this repository. SEED is its content as it was recorded when this project began (its
+keys, args, speculative config and env), plus `--served-model-name glm53`, which issue 29 quotes from it; the values of `docker_image` and
+`docker_image_dir` are not recorded anywhere here, so the seed below has the keys' names only (that record lists
 them without values). Loaded as a recipe, it must give what the seed serves: the name glm53."""
 
 import json
@@ -54,7 +54,7 @@ DIFFERENCES = {
     "docker_image_dir": "as docker_image: the seed's value is not recorded here, and sparkstack builds no Dockerfile",
     "model_revision": "sparkstack's: the hub commit fetch pins, so that both ranks serve the same bytes",
     "status": "sparkstack's: launch refuses a blocked recipe unless --force",
-    "blocked_reason": "sparkstack's: why it is blocked on GB10 (FACTS.md §4's page-size trap)",
+    "blocked_reason": "sparkstack's: why it is blocked on GB10 (the drafter's KV page is no multiple of the MLA page)",
     "serves_mtp": "sparkstack's: the seed serves the checkpoint unstripped on purpose; this says so",
     "serves_mtp_reason": "sparkstack's: why, for preflight's mtp-strip line",
     "drafter": "sparkstack's: the drafter repo fetch downloads, its pinned revision and its licence",
