@@ -144,7 +144,7 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     errors = [line for line in proc.stderr.splitlines() if line.startswith("sparkstack: error:")]
     assert len(errors) == 1 and "up: ship " in errors[0] and "not enough room" in errors[0], proc.stderr
     # a blocked stage names what unblocks it (ship's own dry run, once there is room), not a rerun
-    assert ("unblock it: sparkstack ship --recipe my-recipe.toml --image image --ssh-config ssh_config"
+    assert ("unblock it: sparkstack ship --recipe my-recipe.toml --ssh-config ssh_config --image image"
             in book.shown(errors[0])), errors[0]
     done = json.loads(proc.stdout)
     assert outcomes(done) == {"fetch": "done", "strip": "done", "build": "done", "ship": "blocked",

@@ -213,3 +213,12 @@ def test_every_request_is_frozen_and_keyword_only(module):
         params = r.__dataclass_params__
         assert params.frozen, r
         assert all(f.kw_only for f in dataclasses.fields(r)), r
+
+
+def test_an_argument_of_many_values_is_written_as_they_are():
+    """ship's HOSTS: none given writes none (a literal `()` once leaked into up's unblock line), several write each."""
+    from sparkstack.ship.command import Request
+
+    assert argv(("ship",), Request()) == ("sparkstack", "ship")
+    assert argv(("ship",), Request(hosts=("w1", "w2"), streams=2)) == ("sparkstack", "ship", "w1", "w2",
+                                                                       "--streams", "2")

@@ -87,7 +87,9 @@ def argv(path: tuple[str, ...], request) -> tuple[str, ...]:
     for f, opt in declared(type(request)):
         value = getattr(request, f.name)
         if not opt.flags:
-            if value is not None:
+            if isinstance(value, tuple):  # an argument taking many (ship's hosts)
+                args += [str(v) for v in value]
+            elif value is not None:
                 args.append(str(value))
             continue
         default = f.default
