@@ -301,7 +301,12 @@ CONFIRM_KEYS = ("modelopt-nvfp4", "nvfp4-moe-backend", "eagle3-aux-layers", "kv-
                 "graph-capture")  # what verify makes of an expected boot line the running pair's boot lacks
 _KV_KEYS = {"measured_bytes": int, "measured_tokens": int, "mla_page_bytes_per_token": int,
             "indexer_page_bytes_per_token": int, "drafter_page_bytes_per_token": int,
-            "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool, "pages": dict}
+            "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool, "pages": dict, "boot": dict}
+# [kv.boot]: what a boot measured of the KV pool (`plan kv --from-boot --write`, launch/calibrate.py).
+_KV_BOOT_KEYS = {"tokens": int, "pool_bytes": int, "pool": str, "source": str, "date": str, "vllm_version": str,
+                 "image_id": str}
+KV_BOOT_POOLS = ("pin", "profiled")  # the bytes are the argv's pin (exact), or the profiled GiB figure (to 0.01 GiB)
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _PAGE_KEYS = {"mla_page_bytes_per_token": int, "indexer_page_bytes_per_token": int}
 
 
@@ -316,6 +321,27 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class KvBoot:
+    """[kv.boot]: the KV pool one boot measured, and where that came from (`plan kv --from-boot --write`)."""
+
+    tokens: int  # `<device> KV cache size: N tokens`
+    pool_bytes: int
+    pool: str  # KV_BOOT_POOLS: "pin" (exact) or "profiled"
+    source: str  # "run <id>" or a log file
+    date: str  # YYYY-MM-DD, the day it was written
+    vllm_version: str | None = None
+    image_id: str | None = None
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "pool_bytes": self.pool_bytes, "pool": self.pool, "source": self.source,
+                "date": self.date, "vllm_version": self.vllm_version, "image_id": self.image_id}
+
+    def toml(self) -> dict:
+        """The [kv.boot] table as written: the optional keys only when known."""
+        return {k: v for k, v in self.to_json().items() if v is not None}
+
+
+@dataclass(frozen=True)
 class KvGeometry:
     measured_bytes: int | None = None
     measured_tokens: int | None = None
@@ -327,6 +353,7 @@ class KvGeometry:
     # Page figures per --kv-cache-dtype ([kv.pages.<dtype>]): (dtype, mla, indexer). When given, the argv's KV dtype
     # picks its own figures, and a dtype without any has none: fp8_ds_mla's pages are not fp8_e4m3's.
     pages: tuple[tuple[str, int | None, int | None], ...] = ()
+    boot: KvBoot | None = None  # [kv.boot]: the last calibrated boot's measurement
 
 
 @dataclass(frozen=True)
@@ -575,6 +602,7 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         if type(value) is int and value < 1:  # page sizes are divisors and token counts divide: 0 is never meant
             raise SparkstackError(f"{w} [kv]: {key}={value} must be at least 1")
     kv["pages"] = _pages(f"{w} [kv.pages]", kv.get("pages", {}))
+    kv["boot"] = _kv_boot(f"{w} [kv.boot]", kv["boot"]) if "boot" in kv else None
     if "licence" in drafter:
         check_value(f"{w} [drafter]: licence=", drafter["licence"], _text)
     serves_mtp_reason = _serves_mtp(w, doc)
@@ -604,6 +632,24 @@ def _pages(where: str, pages: dict) -> tuple[tuple[str, int | None, int | None],
                 raise SparkstackError(f"{where}.{dtype}: {key}={value} must be at least 1")
         out.append((dtype, table.get("mla_page_bytes_per_token"), table.get("indexer_page_bytes_per_token")))
     return tuple(out)
+
+
+def _kv_boot(where: str, table: dict) -> KvBoot:
+    _check(where, table, _KV_BOOT_KEYS)
+    for key in ("tokens", "pool_bytes", "pool", "source", "date"):
+        if key not in table:
+            raise SparkstackError(f"{where}: missing key {key!r}")
+    for key in ("tokens", "pool_bytes"):
+        if not 1 <= table[key] <= INT_MAX:
+            raise SparkstackError(f"{where}: {key}={table[key]} must be a whole number of at least 1")
+    if table["pool"] not in KV_BOOT_POOLS:
+        raise SparkstackError(f"{where}: pool must be \"pin\" or \"profiled\", got {brief(table['pool'])}")
+    if not _ISO_DATE.fullmatch(table["date"]):
+        raise SparkstackError(f"{where}: date={show(table['date'])} is not a date (YYYY-MM-DD)")
+    for key in ("source", "vllm_version", "image_id"):
+        if key in table:
+            check_value(f"{where}: {key}=", table[key], _text)
+    return KvBoot(**table)
 
 
 def _serves_mtp(w: str, doc: dict) -> str | None:
@@ -670,3 +716,50 @@ def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision
     if tomllib.loads(text) != expect:  # the edit landed on exactly those keys, and nothing else moved
         raise SparkstackError(f"{w}: pinning would change more than the revision fields; nothing written")
     fsio.write_atomic(path, bom + text.encode("utf-8"))
+
+
+def write_kv_boot(recipe: Recipe, entry: KvBoot) -> bool:
+    """Record a boot's KV measurement in the recipe's file as [kv.boot], through tomlkit (comments and layout stay),
+    replaced atomically; an installed recipe is refused, as write_revisions refuses it.
+
+    A pinned boot's pool is exact, so it also becomes the planner's calibration point ([kv] measured_bytes and
+    measured_tokens: the per-token cost `plan kv` divides by); returns whether it did. A profiled pool (its bytes
+    good to 0.01 GiB) is recorded beside the cost and leaves it alone."""
+    import tomlkit
+
+    path, w = recipe.path, show_path(recipe.path)
+    refuse_installed_recipe(recipe)
+    if path.is_symlink():
+        raise SparkstackError(f"{w}: is a symlink; write the file it names instead: --recipe "
+                              f"{shlex.quote(str(path.resolve()))}")
+    table = entry.toml()
+    _kv_boot(f"{w} [kv.boot]", table)  # what is written is what the loader accepts
+    raw = path.read_bytes()
+    bom = codecs.BOM_UTF8 if raw.startswith(codecs.BOM_UTF8) else b""
+    original = raw.decode("utf-8-sig")
+    doc, expect = tomlkit.parse(original), tomllib.loads(original)
+    plain_kv = expect.setdefault("kv", {})
+    if not isinstance(plain_kv, dict):
+        raise SparkstackError(f"{w}: kv is not a table; nothing written")
+    was = recipe.kv
+    if (plain_kv.get("measured_bytes"), plain_kv.get("measured_tokens")) != (was.measured_bytes, was.measured_tokens):
+        raise SparkstackError(f"{w}: [kv] changed since it was read; run again")
+    if "kv" not in doc:
+        doc.add("kv", tomlkit.table())
+    kv = doc["kv"]
+    boot = tomlkit.table()
+    boot.comment("written by `sparkstack plan kv --from-boot --write`: what that boot measured")
+    for key, value in table.items():
+        boot.add(key, value)
+    kv["boot"] = boot
+    plain_kv["boot"] = dict(table)
+    cost = entry.pool == "pin"
+    if cost:
+        kv["measured_bytes"] = plain_kv["measured_bytes"] = entry.pool_bytes
+        kv["measured_tokens"] = plain_kv["measured_tokens"] = entry.tokens
+    text = tomlkit.dumps(doc)
+    if tomllib.loads(text) != expect:  # the edit landed on exactly those keys, and nothing else moved
+        raise SparkstackError(f"{w}: recording the boot would change more than [kv]'s measured figures; nothing "
+                              "written")
+    fsio.write_atomic(path, bom + text.encode("utf-8"))
+    return cost
