@@ -245,3 +245,26 @@ def test_status_shows_plan_against_measured():
     lines = status_lines([{"rank": 0}], record(), shipped_plan())
     assert lines[-1] == line
     assert not any(x.startswith("KV: plan") for x in status_lines([{"rank": 0}], record()))
+
+
+def test_write_into_a_recipe_without_kv(tmp_path):
+    """The lab's recipe has no [kv]: the write makes one, and the planner can then turn bytes into tokens."""
+    path = tmp_path / "recipe.toml"
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "recipes" / "lab-vllm-cpu" / "recipe.toml", path)
+    r = load_recipe(str(path))
+    assert r.kv.measured_bytes is None and r.kv.boot is None
+    entry = KvBoot(2_097_152, GIB, "pin", "boot.log", "2026-12-05", "0.32.0")
+    assert write_kv_boot(r, entry) is True
+    again = load_recipe(str(path))
+    assert again.kv.boot == entry and plan_kv(again.kv, 2 * GIB, 2048, 16).tokens == 4_194_304
+
+
+def test_a_run_record_file_is_read_as_a_record(tmp_path):
+    import json
+
+    path = tmp_path / "0123456789abcdef.json"
+    path.write_text(json.dumps(record()))
+    m = read_boot_file(path)
+    assert (m.tokens, m.pool, m.run_id, m.source) == (989_727, POOL_PIN, "0123456789abcdef", str(path))
+    with pytest.raises(SparkstackError, match="cannot read"):
+        read_boot_file(tmp_path / "missing.log")
