@@ -200,3 +200,8 @@ def test_served_from_knobs():
     assert served_from_knobs({"NUM_SPEC_TOKENS": "4", "EAGER": "0"}) == Served(4, True, "knobs")
     assert served_from_knobs({"NUM_SPEC_TOKENS": "7", "EAGER": "1"}) == Served(7, False, "knobs")
     assert served_from_knobs({}) == Served(None, None, "unknown")
+    from sparkstack.deploy import plan_deployment
+    from sparkstack.recipe import load_recipe
+
+    deployment = plan_deployment(load_recipe(RECIPE), {"NUM_SPEC_TOKENS": "7", "EAGER": "1"})
+    assert served_from_knobs(deployment.knobs) == Served(7, False, "knobs")

@@ -223,10 +223,11 @@ class Served:
         return {"n": self.n, "graphs": self.graphs, "n_from": self.n_from}
 
 
-def served_from_knobs(knobs: Mapping[str, str]) -> Served:
-    """NUM_SPEC_TOKENS and EAGER, as the deployment resolved them (deploy's Knobs)."""
-    n = knobs.get("NUM_SPEC_TOKENS")
-    eager = knobs.get("EAGER")
+def served_from_knobs(knobs) -> Served:
+    """NUM_SPEC_TOKENS and EAGER, as the deployment resolved them: deploy's Knobs (`deployment.knobs`) or a mapping."""
+    values = knobs if isinstance(knobs, Mapping) else knobs.values
+    n = values.get("NUM_SPEC_TOKENS")
+    eager = values.get("EAGER")
     return Served(int(n) if n and n.isdigit() else None, None if eager is None else eager != "1",
                   "knobs" if n and n.isdigit() else "unknown")
 
