@@ -33,6 +33,7 @@ from sparkstack.sweep.state import (
     mark,
     new_state,
     progress_lines,
+    read_run_records,
     read_state,
     recover,
     report_path,
@@ -136,6 +137,18 @@ def test_boot_estimates_from_run_records():
     assert own["r1"].seconds == 620.0 and "r4" not in own
     none, _ = boot_estimates([], RECIPE)
     assert none.seconds == 900.0 and none.runs == 0
+
+
+def test_run_records_are_read_from_the_state_dir(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "r1.json").write_text(json.dumps({"id": "r1", "recipe": RECIPE, "boot": {"health_s": 500.0}}))
+    (runs / "broken.json").write_text("{")
+    (runs / "latest").write_text("r1")
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path))
+    records = read_run_records()
+    assert [r["id"] for r in records] == ["r1"]
+    assert boot_estimates(records, RECIPE)[0].seconds == 520.0
 
 
 def test_a_cell_with_its_own_record_is_estimated_by_it():

@@ -55,6 +55,19 @@ def sweeps_dir() -> Path:
     return state_dir().parent / "sweeps"
 
 
+def read_run_records(directory: Path | None = None) -> list[dict]:
+    """launch's run records (`<state>/runs/<id>.json`), the unreadable ones left out: boot estimates read them."""
+    out = []
+    for path in sorted((directory or state_dir()).glob("*.json")):
+        try:
+            doc = json.loads(path.read_bytes()[:MAX_BYTES])
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
 def sweep_id(recipe: str, varies: Sequence[Vary], bench: Mapping[str, object]) -> str:
     """One sweep: the same recipe, knobs and values, and bench options run again resume it."""
     doc = {"recipe": recipe, "vary": [v.to_json() for v in varies],
