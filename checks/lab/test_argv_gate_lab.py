@@ -13,7 +13,7 @@ import subprocess
 import imagefix
 import pytest
 
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.preflight import argv_gate_checks
 from sparkstack.recipe import load_recipe
 from sparkstack.remote import Runner
@@ -99,7 +99,7 @@ def gate_images(dockerd, python_rootfs_tar, tmp_path_factory):
 
 
 def plan_for(image, tmp_path, **knobs):
-    return build_plan(load_recipe(None), {"HF_HOME": str(tmp_path), "IMAGE": image, **knobs})
+    return plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path), "IMAGE": image, **knobs})
 
 
 def test_the_shipped_recipe_passes_the_gate_in_the_image(gate_images, dockerd, tmp_path):

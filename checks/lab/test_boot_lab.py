@@ -14,7 +14,7 @@ from sparkstack.launch.timeline import message
 
 LINES = {line.key: line for line in BOOT_LINES}
 FATAL = [line.key for line in BOOT_LINES if line.kind == "fatal"]
-MEASURED_BYTES, MEASURED_TOKENS = 10247694336, 989727  # the recipe's [kv] point, as FACTS.md §4 gives it
+MEASURED_BYTES, MEASURED_TOKENS = 10247694336, 989727  # the recipe's [kv] point: the measured GB10 boot
 
 
 def vllm(key: str, proc: str = "Worker_TP0", **figures: str) -> str:
@@ -22,7 +22,7 @@ def vllm(key: str, proc: str = "Worker_TP0", **figures: str) -> str:
     return f"({proc} pid=7) INFO 05-01 10:00:00 [standin.py:1] {LINES[key].line(**figures)}"
 
 
-# The lines the blog confirms by eye in a Spark head's boot (FACTS.md §2), as that image prints them: the shipped
+# The lines the blog confirms by eye in a Spark head's boot, as that image prints them: the shipped
 # recipe expects them ([boot] expect), and verify fails a boot that lacks one.
 CONFIRMED = [
     "(EngineCore_DP0 pid=1) INFO 05-01 10:00:00 [modelopt.py:1] Detected ModelOpt NVFP4 checkpoint (quant_algo=NVFP4)",

@@ -57,7 +57,8 @@ def test_package_nix_names_exactly_the_pyproject_dependencies():
 
 
 def command_modules() -> set[str]:
-    """sparkstack.cli and every sparkstack module it imports, at any depth (each command imports its own)."""
+    """sparkstack.cli, the command objects it imports (each area's command.py), and every sparkstack module those
+    import, at any depth of their code (each command imports its own area's modules)."""
     import ast
 
     py = ROOT / "python"
@@ -66,13 +67,21 @@ def command_modules() -> set[str]:
         p = py / dotted.replace(".", "/")
         return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
 
-    mods = {"sparkstack.cli"}
-    for n in ast.walk(ast.parse((py / "sparkstack/cli.py").read_text())):
-        if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == "sparkstack":
-            mods.add(n.module)
-            mods.update(f"{n.module}.{a.name}" for a in n.names if is_module(f"{n.module}.{a.name}"))
-        elif isinstance(n, ast.Import):
-            mods.update(a.name for a in n.names if a.name.split(".")[0] == "sparkstack")
+    def source(dotted: str) -> Path:
+        p = py / dotted.replace(".", "/")
+        return p.with_suffix(".py") if p.with_suffix(".py").is_file() else p / "__init__.py"
+
+    mods, todo = {"sparkstack.cli"}, ["sparkstack.cli"]
+    while todo:
+        found = set()
+        for n in ast.walk(ast.parse(source(todo.pop()).read_text())):
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == "sparkstack":
+                found.add(n.module)
+                found.update(f"{n.module}.{a.name}" for a in n.names if is_module(f"{n.module}.{a.name}"))
+            elif isinstance(n, ast.Import):
+                found.update(a.name for a in n.names if a.name.split(".")[0] == "sparkstack")
+        todo += [m for m in found - mods if m.endswith(".command")]  # a command object's own imports count too
+        mods |= found
     return mods
 
 

@@ -12,7 +12,7 @@ import matplotlib.image
 import pytest
 from inprocess_engine import serving
 from sparkstack.bench.batch import Batch, Outcome
-from sparkstack.bench.plan import Block, make_plan
+from sparkstack.bench.plan import Block, plan_bench
 from sparkstack.bench.report import make_cell
 from sparkstack.endpoint import metrics
 from sparkstack.endpoint.client import StreamResult
@@ -25,7 +25,7 @@ STEADY = 0.6  # long steps: a loaded machine's jitter (tens of ms a request) sta
 
 def expected_spec(pattern, spec_tokens=SPEC_TOKENS):
     """Acceptance length and per-position rates of a pattern: each step is one draft; position i counts the drafts
-    with at least i + 1 tokens accepted (FACTS §5)."""
+    with at least i + 1 tokens accepted, as vLLM's per-position counter does."""
     length = 1 + sum(pattern) / len(pattern)
     rates = [sum(1 for a in pattern if a > i) / len(pattern) for i in range(spec_tokens)]
     return length, rates
@@ -89,7 +89,7 @@ def test_settings_default_to_the_served_sampling_and_every_report_prints_them(ru
 
 
 def test_every_request_is_salted_and_carries_the_sampling_settings():
-    plan = make_plan("http://127.0.0.1:9", concurrency=(1, 3), rounds=2, temperature=0.7, top_p=0.9, model="m")
+    plan = plan_bench("http://127.0.0.1:9", concurrency=(1, 3), rounds=2, temperature=0.7, top_p=0.9, model="m")
     bodies = [plan.body(b, attempt, r, s) for b in plan.blocks for attempt in (0, 1) for r in range(b.rounds)
               for s in range(b.concurrency)]
     assert len(bodies) == 2 * plan.requests
@@ -288,7 +288,7 @@ def test_non_finite_figures_are_null_in_the_json():
 
     s = StreamResult(0.01, 0.05, 0.15, (0.05, 0.15), "xy", "", None, (), "stop", {"completion_tokens": 2}, 3)
     batch = Batch((Outcome(s),), 0.2, scrape(0, 0, 0), scrape(1e308, 1e308, 1))
-    plan = make_plan("http://127.0.0.1:9", concurrency=(1,), rounds=1, categories=("code",), model="m")
+    plan = plan_bench("http://127.0.0.1:9", concurrency=(1,), rounds=1, categories=("code",), model="m")
     doc = Report("1", plan.settings, (make_cell(plan.blocks[0], [batch], []),)).to_json()
     text = json.dumps(doc, allow_nan=False)  # raises on NaN or Infinity
     cell = json.loads(text)["cells"][0]

@@ -1,5 +1,5 @@
 """The published figures as a reference (recipes/<name>/reference.toml, bench/reference.py): the shipped file holds
-FACTS.md §4-§5's figures with their conditions; a bad file is one line; hand-built bench reports are set beside it,
+the blog's published figures (its serving numbers, acceptance, count ceiling and KV pool) with their conditions; a bad file is one line; hand-built bench reports are set beside it,
 steps/s and acceptance apart, the count category judged against its ceiling."""
 
 from pathlib import Path
@@ -61,7 +61,7 @@ def test_the_shipped_reference_holds_the_blogs_figures():
     kv = [f for f in ref.figures if f.figure == "kv_tokens"]
     assert {(f.value, f.kv_bytes, f.gpu_memory_utilization) for f in kv} == {
         (989727, 10247694336, None), (481488, None, 0.89)}
-    assert all(f.source.startswith("FACTS.md §") for f in ref.figures)
+    assert all(f.source.startswith("the blog's ") for f in ref.figures)
     assert ref.temperature == 1.0 and ref.top_p == 0.95
     assert ref.path.name == "reference.toml" and ref.path.parent.name == RECIPE
 

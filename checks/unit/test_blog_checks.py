@@ -12,7 +12,7 @@ import pytest
 import hostfix
 import standins
 from clirun import sparkstack_cmd
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.preflight import ARGV_GATE, INSTANTTENSOR_GATES, gate_checks
 from sparkstack.recipe import load_recipe
 from sparkstack.remote import Runner
@@ -74,9 +74,9 @@ def up_json(tmp_path, *extra):
 
 
 def test_up_launches_with_the_gates_and_no_gates_leaves_them_out(tmp_path):
-    from sparkstack.up import plan as up_plan
+    from sparkstack.up.command import Request
 
-    assert up_plan.UpInputs.__dataclass_fields__["gates"].default is True
+    assert Request.__dataclass_fields__["no_gates"].default is False
     launch = {s["stage"]: s for s in up_json(tmp_path)["stages"]}["launch"]
     assert "--no-gates" not in shlex.split(launch["rerun"])
     launch = {s["stage"]: s for s in up_json(tmp_path, "--no-gates")["stages"]}["launch"]
@@ -84,8 +84,8 @@ def test_up_launches_with_the_gates_and_no_gates_leaves_them_out(tmp_path):
 
 
 def test_instanttensor_loads_get_the_nccl_pin_and_the_import_gate(tmp_path):
-    """FACTS.md §2: the instanttensor wheel drags NCCL down to 2.29.7; the variant re-pins 2.30.7."""
-    plan = build_plan(load_recipe(None), {"HF_HOME": str(tmp_path), "LOAD_FORMAT": "instanttensor"})
+    """The instanttensor wheel drags NCCL down to 2.29.7; the variant re-pins 2.30.7."""
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path), "LOAD_FORMAT": "instanttensor"})
     standins.install(tmp_path / "bin")
     import os
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(tmp_path / "calls.jsonl")}
@@ -100,7 +100,7 @@ def test_instanttensor_loads_get_the_nccl_pin_and_the_import_gate(tmp_path):
     codes = [c[-1] for c in ran]
     assert any("'nvidia-nccl-cu13'" in code and "'2.30.7'" in code for code in codes)
     assert "import instanttensor" in codes and len(checks) == 5
-    plain = build_plan(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    plain = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
     from sparkstack.launch.preflight import load_format_gates
     assert load_format_gates(plain) == [] and load_format_gates(plan) == list(INSTANTTENSOR_GATES)
 

@@ -1,5 +1,6 @@
 """The boot timeline parser: every line of the boot-line table behind vLLM's prefixes, real-looking logs of recent
-and older builds, every fatal line of FACTS.md §7, the warning that is fatal only when it keeps repeating, the pool."""
+and older builds, every line known to be fatal at boot, the warning that is fatal only when it keeps repeating,
+the pool."""
 
 import re
 from datetime import UTC, datetime
@@ -7,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from sparkstack.launch.bootlines import BOOT_LINES, PHASES
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.timeline import docker_time, kv_pool, last_lines, parse_rank, timeline_lines
 from sparkstack.recipe import load_recipe
 
@@ -108,7 +109,8 @@ def test_seconds_count_from_this_container_start():
     assert dict(tl.phases)["weights loaded"] == 290.0 - 60.5
 
 
-# Every fatal line of FACTS.md §7, as a rank prints it; the key is the test author's, not read from the table.
+# Every line known to be fatal at boot (from upstream reports), as a rank prints it; the key is the test author's,
+# not read from the table.
 FATAL = {
     "kv-page-size": "(EngineCore_DP0 pid=250) NotImplementedError: layers.3.self_attn.indexer.k_cache: page size is "
                     "not divisible by the maximum page size and cannot be padded",
@@ -187,7 +189,7 @@ def test_docker_time_keeps_the_microseconds():
 
 def test_the_pool_is_the_minimum_across_ranks_in_bytes_and_tokens(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    plan = build_plan(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
     head, worker = parse_rank(0, as_logs(HEAD), T0), parse_rank(1, as_logs(OLDER_WORKER), T0)
     pool = kv_pool(plan, [head, worker])
     want = round(5.12 * 2**30)  # the worker's 5.12 GiB

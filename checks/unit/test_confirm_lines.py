@@ -1,4 +1,4 @@
-"""The boot lines a recipe expects (FACTS.md §2), judged on recorded boot logs: each line seen, each one missing in
+"""The boot lines a recipe expects (the blog's), judged on recorded boot logs: each line seen, each one missing in
 turn, a value other than the derived one; derivation from the drafter's config, --moe-backend and EAGER; the
 timeline's and `launch status`'s marks; verify's verdict from the run record; the blog's drafter-group failures
 as fatal lines with their diagnoses."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkstack.launch.confirm import judge, plan_expectations
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.report import status_lines
 from sparkstack.launch.timeline import parse_rank
 from sparkstack.recipe import load_recipe
@@ -17,8 +17,8 @@ from sparkstack.verify.run import record_results
 
 MODEL_REV, DRAFT_REV = "a" * 40, "b" * 40
 STAMP = "2026-11-29T10:00:{:02d}.000000000Z"
-# The blog's lines (FACTS.md §2) as a GB10 head prints them: behind vLLM's prefix, in docker's timestamped form.
-# The drafter's config below reads target layers 5/14/24/33/42 (FACTS.md §1), which vLLM logs + 1.
+# The blog's lines as a GB10 head prints them: behind vLLM's prefix, in docker's timestamped form.
+# The drafter's config below reads target layers 5/14/24/33/42 (the real drafter's), which vLLM logs + 1.
 BLOG = {
     "modelopt-nvfp4": "(EngineCore_DP0 pid=250) INFO 11-29 10:00:01 [modelopt.py:412] Detected ModelOpt NVFP4 "
                       "checkpoint (quant_algo=NVFP4)",
@@ -53,7 +53,7 @@ def hf_home(tmp_path):
 
 
 def expected(hf_home: Path, recipe=None, **env):
-    return plan_expectations(build_plan(load_recipe(recipe), {"HF_HOME": str(hf_home), **env}))
+    return plan_expectations(plan_launch_from_recipe(load_recipe(recipe), {"HF_HOME": str(hf_home), **env}))
 
 
 def test_every_line_the_blog_confirms_is_seen_in_its_boot(hf_home):

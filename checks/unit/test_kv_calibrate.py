@@ -2,8 +2,8 @@
 version's format of the boot-line table (0.10, 0.13, 0.32 GPU and CPU), beside the plan; [kv.boot] written into a
 recipe copy (comments kept) and read back; `launch status`'s KV line.
 
-The logs below are written by hand from FACTS.md's quoted lines (§2, §4, §7, §8) and vLLM's format strings; the
-expected figures are FACTS.md's (989,727 tokens at the 10,247,694,336 B pin, 10,354.06 B per token; 481,488 tokens
+The logs below are written by hand from the boot lines the blog quotes and vLLM's format strings; the expected
+figures are the blog's (989,727 tokens at the 10,247,694,336 B pin, 10,354.06 B per token; 481,488 tokens
 self-profiled at 0.89), or worked out by hand in the comments."""
 
 import shutil
@@ -33,7 +33,7 @@ RECIPE = "glm53-flash-dflash2-nvfp4"
 CPU_LOG = Path(__file__).resolve().parents[1] / "engine" / "data" / "vllm-0.32.0-cpu-boot.log"
 
 # vLLM 0.10: "Model loading took X GiB and Y seconds", the KV size and the concurrency on two lines, " seconds";
-# self-profiled at 0.89 (no pin), eager: no graph line. FACTS.md §4: about 4.6 GiB, 481,488 tokens.
+# self-profiled at 0.89 (no pin), eager: no graph line. The blog's figures: about 4.6 GiB, 481,488 tokens.
 LOG_0_10 = """\
 2026-03-20T10:00:03.000000000Z INFO 03-20 10:00:03 [api_server.py:1395] vLLM API server version 0.10.0
 2026-03-20T10:00:03.100000000Z INFO 03-20 10:00:03 [utils.py:326] non-default args: {'max_model_len': 524288, 'gpu_memory_utilization': 0.89, 'enforce_eager': True}
@@ -84,7 +84,7 @@ def test_0_10_profiled_boot():
 def test_0_13_pinned_boot_takes_the_echoed_pin():
     m = measure_log(LOG_0_13, "head.log")
     assert (m.tokens, m.pool_bytes, m.pool, m.vllm_version) == (989_727, PIN, POOL_PIN, "0.13.0")
-    assert m.available_gib is None and m.per_token_bytes == 10_354.06  # FACTS.md §4
+    assert m.available_gib is None and m.per_token_bytes == 10_354.06  # the blog's 10,354.06 B per token
     assert m.booted_at is None  # no docker timestamps
 
 
@@ -192,7 +192,7 @@ def test_write_a_profiled_boot_keeps_the_cost_and_the_comments(recipe_copy):
     assert r.kv.boot == entry and (r.kv.measured_bytes, r.kv.measured_tokens) == (PIN, 989_727)
     after = recipe_copy.read_text()
     assert "# KV geometry, measured from this recipe's own boot" in after
-    assert "# The tuned deployment (FACTS.md §3)" in after and "image_id" not in after  # unknown: not written
+    assert "# The tuned deployment (" in after and "image_id" not in after  # unknown: not written
     assert after.startswith(before.split("[kv]")[0])  # everything before [kv] untouched
 
 

@@ -61,11 +61,11 @@ def test_the_design_cards_order_keeps_both_ranks_in_one_run_record(tmp_path, mon
     import json
 
     from sparkstack.launch.apply import write_record
-    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.plan import plan_launch_from_recipe
     from sparkstack.recipe import load_recipe
 
     monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
-    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
     image = "sha256:" + "c" * 64
     first = write_record(plan, image, None, {1: ["docker", "run", "worker-argv"]})
     second = write_record(plan, image, None, {0: ["docker", "run", "head-argv"]})

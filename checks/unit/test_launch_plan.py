@@ -1,4 +1,4 @@
-"""Launch plans: the docker argv per rank, knob by knob, against the old launcher's argv (FACTS.md §3)."""
+"""Launch plans: the docker argv per rank, knob by knob, against the old (seed) launcher's argv."""
 
 import json
 from pathlib import Path
@@ -20,7 +20,7 @@ def hf_home(tmp_path):
 
 
 def old_launcher_argv(rank: int, hf_home: Path, **k) -> list[str]:
-    """The seed launcher's `docker run` for one rank, written out from FACTS.md §3, with its knobs."""
+    """The seed launcher's `docker run` for one rank, written out by hand, with its knobs."""
     knobs = dict(IMAGE="glm53-dflash2-tony:v1", NAME=f"glm53-tony-rank{rank}", SERVED_NAME="LibertAIDAI/GLM-5.3-Flash-NVFP4",
                  LOAD_FORMAT="", EAGER="0", NUM_SPEC_TOKENS="4", GPU_MEM_UTIL="0.90", KV_CACHE_MEMORY="10247694336",
                  OMP_NUM_THREADS="8", VLLM_CPU_OMP_THREADS_BIND="nobind", MAX_NUM_BATCHED_TOKENS="8192", API_PORT="8888",
@@ -254,7 +254,7 @@ def test_plan_kv_reproduces_the_measured_points(run_cli):
 
 
 def test_plan_kv_reports_the_measured_per_token_cost_in_json_and_text(run_cli):
-    """FACTS.md §4: a 10,247,694,336 B pin gave 989,727 tokens, i.e. 10,354.06 B per token. That figure is what a
+    """On GB10 a 10,247,694,336 B pin gave 989,727 tokens, i.e. 10,354.06 B per token. That figure is what a
     user sizes a new pin by, so it is held to the measured one in both outputs, not only through the tokens."""
     measured = json.loads(run_cli("plan", "kv", "--json", check=0).stdout)
     assert measured["kv_bytes"] == 10_247_694_336 and measured["max_model_len"] == 524_288

@@ -91,10 +91,10 @@ class RunningContainer(DeadContainer):
 def test_a_fatal_line_on_any_rank_ends_the_boot_wait_with_its_diagnosis(fatal_rank):
     """An NCCL error or an OOM on the worker is as fatal as on the head: no hour of waiting on /health."""
     from sparkstack.launch.apply import watch_boot
-    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.plan import plan_launch_from_recipe
     from sparkstack.recipe import load_recipe
 
-    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
     runners = {r.rank: RunningContainer(f"INFO starting\n{FATAL_LINE if r.rank == fatal_rank else ''}\n")
                for r in plan.ranks}
     with pytest.raises(LaunchFailed) as caught:

@@ -1,4 +1,5 @@
-"""The shipped overlays/dflash2/overlay.toml says what FACTS.md §2 says, and says it is unpinned."""
+"""The shipped overlays/dflash2/overlay.toml says what the deployment applies (upstream's overlay-dflash2/ at a known
+revision: three files, three of its patch scripts in order, the InstantTensor variant), and says it is unpinned."""
 
 from pathlib import Path
 

@@ -277,11 +277,11 @@ class ContainerHost:
 def test_an_exited_container_holding_a_ranks_name_fails_preflight():
     """`docker run --name` fails on an exited container as on a running one, mid-launch, after the worker started:
     preflight must count both."""
-    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.plan import plan_launch_from_recipe
     from sparkstack.launch.preflight import docker_checks
     from sparkstack.recipe import load_recipe
 
-    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
     worker = plan.ranks[1].name
     checks = docker_checks(plan, {0: ContainerHost({}), 1: ContainerHost({worker: "exited"})}, gates=False)
     stale = {c.rank: (c.status, c.detail) for c in checks if c.name == "stale-container"}
@@ -299,11 +299,11 @@ def test_a_rank_launched_alone_joins_its_running_peer(peer, images, expect):
     """`launch 0` while rank 1 runs: rank 1's container is the peer the head joins, not a stale container; only
     rank 0's own name is checked for one. A missing or stopped worker is said (the head waits for it at the
     rendezvous); one on another image fails."""
-    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.plan import plan_launch_from_recipe
     from sparkstack.launch.preflight import docker_checks
     from sparkstack.recipe import load_recipe
 
-    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
     head, worker = (r.name for r in plan.ranks)
     host = ContainerHost({worker: peer} if peer else {})
     host.images = {worker: images["worker"]} if images else {}
@@ -326,11 +326,11 @@ def test_a_rank_launched_alone_joins_its_running_peer(peer, images, expect):
 def test_a_worker_launched_alone_comes_before_its_head(head, expect):
     """`launch 1` first, as the design card orders: no head yet is the order itself. A head already there may be
     serving, which a worker cannot join: said, with the order to restart in."""
-    from sparkstack.launch.plan import build_plan
+    from sparkstack.launch.plan import plan_launch_from_recipe
     from sparkstack.launch.preflight import docker_checks
     from sparkstack.recipe import load_recipe
 
-    plan = build_plan(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
     name = plan.ranks[0].name
     checks = docker_checks(plan, {0: ContainerHost({name: head} if head else {}), 1: ContainerHost({})}, gates=False,
                            launching=(1,))

@@ -4,7 +4,7 @@ against the real vLLM in checks/engine/test_vllm_argv.py, and run through a real
 
 import subprocess
 
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.preflight import ARGV_GATE, argv_gate_checks
 from sparkstack.recipe import load_recipe
 
@@ -25,7 +25,7 @@ class Docker:
 
 
 def test_each_rank_argv_is_judged_in_the_image(tmp_path):
-    plan = build_plan(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
     docker = Docker()
     checks = argv_gate_checks(plan, docker)
     assert [c.rank for c in checks] == [0, 1]
@@ -41,7 +41,17 @@ def test_a_gate_that_could_not_run_says_so():
         def run_docker(self, *args, timeout=120, env=None):
             return subprocess.CompletedProcess(args, 125, "", "docker: Error response from daemon: no such image\n")
 
-    plan = build_plan(load_recipe(None), {})
+    plan = plan_launch_from_recipe(load_recipe(None), {})
     checks = argv_gate_checks(plan, NoDocker())
     assert all(c.status == "fail" and c.detail.startswith("the argv gate did not run: ") for c in checks)
     assert "no such image" in checks[0].detail
+
+
+def test_the_gate_script_is_its_own_module_sent_as_written():
+    """The script lives in launch/argv_gate.py (importable, lintable) and goes to the container as its file's text."""
+    from pathlib import Path
+
+    from sparkstack.launch import argv_gate
+
+    assert ARGV_GATE == Path(argv_gate.__file__).read_text()
+    assert callable(argv_gate.judge)

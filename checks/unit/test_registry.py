@@ -19,7 +19,8 @@ import imagefix as fx
 from clirun import need
 from registry_standin import OCI_INDEX, OCI_MANIFEST, Standin, fixture_repo
 
-FACTS_DIGEST = "sha256:d77d375c742fc54f436dec5108b440f58f021bc6600052bf0e8fe5840357e78f"  # FACTS.md §2
+# The published digest of ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8 (docs/commands/pin.md).
+KNOWN_DIGEST = "sha256:d77d375c742fc54f436dec5108b440f58f021bc6600052bf0e8fe5840357e78f"
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
@@ -191,13 +192,13 @@ def test_the_committed_pins_file_holds_the_known_digest_unresolved():
     doc = json.loads((CHECKOUT / "nix/pins.json").read_text())
     assert doc == {"reference": "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8", "registry": "ghcr.io",
                    "repository": "tonyd2wild/vllm-glm53-flash",
-                   "resolved": {"digest": FACTS_DIGEST, "mediaType": None, "size": None}, "platforms": {}}
+                   "resolved": {"digest": KNOWN_DIGEST, "mediaType": None, "size": None}, "platforms": {}}
 
 
 def test_pin_base_resolves_a_committed_shape_file_in_place(reg, run_cli):
     shutil.copy(CHECKOUT / "nix/pins.json", reg["pins"])
     proc = pin(run_cli, reg, "--pins", reg["pins"], check=0)  # REF from the file
-    assert f"resolved {FACTS_DIGEST} -> {reg['served'].index}" in proc.stdout
+    assert f"resolved {KNOWN_DIGEST} -> {reg['served'].index}" in proc.stdout
     doc = json.loads(reg["pins"].read_text())
     assert doc["resolved"]["mediaType"] == OCI_INDEX and list(doc["platforms"]) == ["linux/arm64"]
 

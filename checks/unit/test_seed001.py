@@ -1,9 +1,9 @@
 """Seed 001 (the blog's MXFP8 recipe) against the shipped recipe, field by field. Every difference is either gone
 or listed below with its reason.
 
-Seed 001's own text is not in this repository. SEED is its content as FACTS.md §4 ("The MXFP8 recipe") records
-it, plus `--served-model-name glm53`, which issue 29 quotes from it; the values of `docker_image` and
-`docker_image_dir` are not recorded anywhere here, so the seed below has the keys' names only (FACTS.md §4 lists
+Seed 001's own text is not in this repository. SEED is its content as it was recorded when this project began (its
+keys, args, speculative config and env), plus `--served-model-name glm53`, which issue 29 quotes from it; the values of `docker_image` and
+`docker_image_dir` are not recorded anywhere here, so the seed below has the keys' names only (that record lists
 them without values). Loaded as a recipe, it must give what the seed serves: the name glm53."""
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.recipe import load_recipe
 
 SHIPPED = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-mxfp8/recipe.toml"
@@ -54,7 +54,7 @@ DIFFERENCES = {
     "docker_image_dir": "as docker_image: the seed's value is not recorded here, and sparkstack builds no Dockerfile",
     "model_revision": "sparkstack's: the hub commit fetch pins, so that both ranks serve the same bytes",
     "status": "sparkstack's: launch refuses a blocked recipe unless --force",
-    "blocked_reason": "sparkstack's: why it is blocked on GB10 (FACTS.md §4's page-size trap)",
+    "blocked_reason": "sparkstack's: why it is blocked on GB10 (the drafter's KV page is no multiple of the MLA page)",
     "serves_mtp": "sparkstack's: the seed serves the checkpoint unstripped on purpose; this says so",
     "serves_mtp_reason": "sparkstack's: why, for preflight's mtp-strip line",
     "drafter": "sparkstack's: the drafter repo fetch downloads, its pinned revision and its licence",
@@ -71,7 +71,7 @@ def test_seed_001_loaded_as_a_recipe_serves_as_glm53(tmp_path):
     body += "\n".join(f"{k} = {json.dumps(v)}" for k, v in SEED["env"].items())
     seed.write_text(body + "\n")
     for recipe in (seed, SHIPPED):
-        plan = build_plan(load_recipe(str(recipe)), {"HF_HOME": str(tmp_path)})
+        plan = plan_launch_from_recipe(load_recipe(str(recipe)), {"HF_HOME": str(tmp_path)})
         argv = list(plan.ranks[0].engine_argv)
         assert argv[argv.index("--served-model-name") + 1] == "glm53" and argv.count("--served-model-name") == 1
 

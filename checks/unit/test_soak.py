@@ -21,7 +21,7 @@ from sparkstack.endpoint.metrics import SpecDelta
 from sparkstack.errors import UsageError
 from sparkstack.soak import report
 from sparkstack.soak import run as soak_run
-from sparkstack.soak.plan import build_plan, container_watch, parse_duration
+from sparkstack.soak.plan import plan_soak, container_watch, parse_duration
 
 WAIT_S = 60  # generous: a bound on how long a phase may take, never a measured figure
 
@@ -357,7 +357,7 @@ def _plan(url, log, **given):
     settings = {"duration_s": 60.0, "concurrency": 2, "categories": ("code",), "window_s": 60.0,
                 "max_requests": None, "log": log, "health_interval_s": 0.1, "dead_after_s": 60.0, "max_tokens": 16,
                 "temperature": 1.0, "top_p": 0.95, "model": None, "request_timeout_s": 30.0}
-    return build_plan(url, **{**settings, **given})
+    return plan_soak(url, **{**settings, **given})
 
 
 def test_an_unexpected_exception_is_that_requests_internal_error_and_the_streams_go_on(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The numeric MTP rule covers the language model's decoder stack only (FACTS.md §1): a vision tower's
+"""The numeric MTP rule covers the language model's decoder stack only: a vision tower's
 layers are never MTP by number. Every key below is declared MTP or not by the test author."""
 
 import json

@@ -138,7 +138,7 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 # The deployment's floor: above recipe and hfcache, below every command that acts on the ranks. tune stands
 # below launch (launch's preflight, guard and --drop-caches read tune.facts and tune.pagecache).
 LOWER = ("recipe", "hfcache", "deploy", "tune")
-HIGHER = ("launch", "cli", "ship", "fetch", "soak", "top")
+HIGHER = ("launch", "cli", "ship", "fetch", "soak", "top", "up")
 
 
 def test_areas_stand_on_floors_no_import_runs_up():
@@ -152,3 +152,23 @@ def test_areas_stand_on_floors_no_import_runs_up():
     # none of the commands that take a Deployment imports launch for it
     for area in ("tune", "ship", "fetch"):
         assert "launch" not in graph[area], f"{area} imports launch"
+
+
+# The commands up composes: each stands below it, and nothing but cli stands above it.
+STAGE_AREAS = ("fetch", "strip", "image", "ship", "tune", "launch", "verify", "bench")
+
+
+def test_up_composes_the_stage_commands_from_above_and_nothing_imports_it_but_cli():
+    graph = package_graph()
+    floor = floors(graph)
+    assert all(floor[a] < floor["up"] for a in STAGE_AREAS), {a: floor[a] for a in (*STAGE_AREAS, "up")}
+    assert sorted(a for a, deps in graph.items() if "up" in deps) == ["cli"]
+    assert floor["up"] < floor["cli"]
+
+
+def test_the_command_floor_stands_below_every_area_that_declares_a_command():
+    """sparkstack.command (requests, views, summaries) imports only the floor-0 modules: every area may use it."""
+    graph = package_graph()
+    assert graph["command"] <= {"errors", "text"}, graph["command"]
+    declaring = sorted(p.parent.name for p in PACKAGE.glob("*/command.py"))
+    assert declaring and all("command" in graph[a] for a in declaring), declaring

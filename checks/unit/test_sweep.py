@@ -9,7 +9,7 @@ import pytest
 from sparkstack.bench.plot import PNG_SIGNATURE, png_marker
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.launch.apply import run_id
-from sparkstack.launch.plan import build_plan
+from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.recipe import load_recipe
 from sparkstack.sweep.plan import (
     DEFAULT_BOOT_S,
@@ -200,7 +200,7 @@ def test_real_launch_plans_give_each_cell_its_argv_and_the_baseline_its_identity
 
 def test_a_cell_boot_is_the_run_records_id():
     """A cell equal to what serves now is found by the run record's own id (launch.apply.run_id)."""
-    plan = build_plan(load_recipe(RECIPE), cell_environ({}, [("EAGER", "1")]))
+    plan = plan_launch_from_recipe(load_recipe(RECIPE), cell_environ({}, [("EAGER", "1")]))
     assert CellLaunch.of(plan).boot("sha256:" + "3" * 64) == run_id(plan, "sha256:" + "3" * 64)
 
 

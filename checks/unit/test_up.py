@@ -26,7 +26,7 @@ SHIPPED_PINS = Path(__file__).resolve().parents[2] / "nix/pins.json"
 
 
 def stage(name: str, state: str, **kw) -> Stage:
-    return Stage(name, state, f"{name} says so", ("sparkstack", name), **kw)
+    return Stage(name, state, f"{name} says so", f"sparkstack {name}", **kw)
 
 
 def test_stage_range_is_the_runbook_order_and_refuses_nonsense():
@@ -41,25 +41,25 @@ def test_stage_range_is_the_runbook_order_and_refuses_nonsense():
 
 def test_a_stage_waits_for_what_will_run_and_is_blocked_by_what_is_blocked():
     earlier = {"fetch": stage("fetch", WILL_RUN), "strip": stage("strip", WILL_RUN),
-               "build": stage("build", BLOCKED, unblock=("sparkstack", "pin", "base", REF))}
-    held = up_plan._held_back("ship", ("sparkstack", "ship"), earlier)
-    assert held.state == BLOCKED and held.after == ("build",) and held.unblock == ("sparkstack", "pin", "base", REF)
+               "build": stage("build", BLOCKED, unblock=f"sparkstack pin base {REF}")}
+    held = up_plan._held_back("ship", "sparkstack ship", earlier)
+    assert held.state == BLOCKED and held.after == ("build",) and held.unblock == f"sparkstack pin base {REF}"
     # launch needs build and ship; ship is not planned yet here, build is up to date: it waits for strip via ship
     earlier = {"fetch": stage("fetch", UP_TO_DATE), "strip": stage("strip", WILL_RUN), "build": stage("build", UP_TO_DATE),
                "ship": stage("ship", WILL_RUN)}
-    held = up_plan._held_back("launch", ("sparkstack", "launch"), earlier)
+    held = up_plan._held_back("launch", "sparkstack launch", earlier)
     assert held.state == WILL_RUN and held.after == ("strip", "ship")
-    assert up_plan._held_back("strip", ("x",), {"fetch": stage("fetch", UP_TO_DATE)}) is None
+    assert up_plan._held_back("strip", "x", {"fetch": stage("fetch", UP_TO_DATE)}) is None
 
 
 def test_a_stage_left_out_by_from_or_until_holds_back_what_needs_it_as_a_block_does():
     """`up --from launch` with ship not up to date: launch must not run on images or weights the workers lack."""
     earlier = {"fetch": stage("fetch", SKIPPED), "strip": stage("strip", SKIPPED), "build": stage("build", UP_TO_DATE),
                "ship": stage("ship", SKIPPED), "tune": stage("tune", SKIPPED)}
-    held = up_plan._held_back("launch", ("sparkstack", "launch"), earlier)
+    held = up_plan._held_back("launch", "sparkstack launch", earlier)
     assert held is not None and held.state == BLOCKED and held.after == ("ship",)
     assert held.detail == "needs ship, which is left out by --from/--until and not up to date"
-    assert held.unblock == ("sparkstack", "ship")  # ship's own command
+    assert held.unblock == "sparkstack ship"  # ship's own command
 
 
 def test_verify_counts_as_done_only_against_the_very_launch_that_serves_now():
@@ -112,7 +112,10 @@ def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(
     assert proc.returncode == 0, proc.stderr
     stages = by_stage(json.loads(proc.stdout))
     assert list(stages) == ["fetch", "strip", "build", "ship", "tune", "launch", "verify"]
-    assert stages["fetch"]["state"] == "blocked" and stages["fetch"]["unblock"] == "sparkstack fetch --resolve"
+    assert stages["fetch"]["state"] == "blocked"
+    unblock = stages["fetch"]["unblock"]  # the recipe's own file, named (this one is a checkout's: no copy needed)
+    assert unblock.startswith("sparkstack fetch --resolve --recipe /"), unblock
+    assert unblock.endswith("/glm53-flash-dflash2-nvfp4/recipe.toml"), unblock
     assert stages["build"]["state"] == "blocked"
     assert "not pinned for linux/arm64" in stages["build"]["detail"]
     assert stages["build"]["unblock"] == f"sparkstack pin base {REF} --platform linux/arm64 --pins {world['pins']}"
@@ -255,14 +258,18 @@ def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record
 
 # ---------------------------------------------------------------- apply_up itself, with stand-in stages
 
-def inputs(tmp_path: Path, **kw) -> up_plan.UpInputs:
-    base = dict(recipe=None, image=None, base=None, overlay_dir=tmp_path, overlay_src=None, pins=None,
-                pins_given=False, out=tmp_path / "image", platform="linux/arm64", link_base="hardlink",
-                ssh_config=None, host_root=Path("/"), profile="lab", streams=None, via=None, health_interval_s=1.0,
-                health_attempts=1, worker_delay_s=0.0, verify_timeout_s=5.0, api_key_env="VLLM_API_KEY", bench=True,
-                bench_concurrency=(1,), bench_rounds=1, bench_categories=("count",), bench_out=tmp_path / "bench.json",
+def inputs(tmp_path: Path, **kw):
+    from sparkstack.up.command import Request
+
+    base = dict(overlay=tmp_path, out=tmp_path / "image", profile="lab", health_interval=1.0, health_attempts=1,
+                worker_delay=0.0, verify_timeout=5.0, bench=True, bench_concurrency=(1,), bench_rounds=1,
+                bench_category=("count",), bench_out=tmp_path / "bench.json",
                 stages=("fetch", "strip", "build", "ship", "tune", "launch", "verify", "bench"))
-    return up_plan.UpInputs(**{**base, **kw})
+    return Request(**{**base, **kw})
+
+
+def up_plan_of(stages, request, environ=None) -> up_plan.UpPlan:
+    return up_plan.UpPlan("r", tuple(stages), None, None, request, environ or {})
 
 
 def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_was_cut(tmp_path, monkeypatch):
@@ -271,16 +278,16 @@ def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_
     from sparkstack.up import apply as up_apply
 
     monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setitem(up_apply.APPLIERS, "fetch", lambda stage, run, advance: {"revisions": {}})
+    monkeypatch.setattr(up_apply, "_run_stage", lambda stage, view, finished: {"revisions": {}})
 
     def replan(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(up_apply, "plan_stage", replan)
-    plan = up_plan.UpPlan("r", (stage("fetch", WILL_RUN), stage("strip", WILL_RUN), stage("build", WILL_RUN)), None)
-    with pytest.raises(up_apply.UpInterrupted) as caught:
-        up_apply.apply_up(plan, inputs(tmp_path), {})
-    outcomes = [(r.stage, r.outcome) for r in caught.value.result.runs]
+    plan = up_plan_of((stage("fetch", WILL_RUN), stage("strip", WILL_RUN), stage("build", WILL_RUN)), inputs(tmp_path))
+    result = up_apply.apply_up(plan)
+    assert result.stopped == "cut"
+    outcomes = [(r.stage, r.outcome) for r in result.runs]
     assert outcomes == [("fetch", "done"), ("strip", "cut"), ("build", "not started")]
     record = json.loads((tmp_path / "state/up/last.json").read_text())
     assert [s["outcome"] for s in record["stages"]] == ["done", "cut", "not started"]
@@ -289,42 +296,54 @@ def test_ctrl_c_while_a_stage_is_planned_again_still_says_what_is_done_and_what_
 @pytest.mark.parametrize("serving", [True, False])
 def test_ups_tune_drops_the_page_cache_only_before_a_launch(tmp_path, monkeypatch, serving):
     """A page-cache drop under a serving engine gains nothing; before a launch it frees unified memory."""
+    from sparkstack.tune import command as tune_cmd
     from sparkstack.tune.plan import RankTune, Step, TunePlan
     from sparkstack.up import apply as up_apply
 
     monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
     given = []
-    monkeypatch.setitem(up_apply.APPLIERS, "tune", lambda stage, run, advance: given.append(stage) or {})
-    monkeypatch.setitem(up_apply.APPLIERS, "launch", lambda stage, run, advance: {})
+    monkeypatch.setattr(up_apply, "_run_stage", lambda stage, view, finished: given.append(stage) or {})
     facts = SimpleNamespace(to_json=dict)  # what the plan read of the host: nothing this test looks at
     steps = (Step("swappiness", "60", "0", (), ""), Step("page-cache", "12 GiB cached", "dropped", (), ""))
     tune_plan = TunePlan("r", "0,2000", "/", (RankTune(0, "head", "local", False, facts, steps, (), ()),))
-    tune = stage("tune", WILL_RUN, work=(tune_plan, {}))
+    tune = stage("tune", WILL_RUN, work=tune_cmd.Plan(tune_cmd.Request(), tune_plan, {}))
     launch = stage("launch", UP_TO_DATE if serving else WILL_RUN)
     monkeypatch.setattr(up_apply, "plan_stage", lambda name, *args: launch)  # planned again after tune: the same
-    up_apply.apply_up(up_plan.UpPlan("r", (tune, launch), None), inputs(tmp_path, stages=("tune", "launch")), {})
-    (ran,) = given
-    assert [s.name for r in ran.work[0].ranks for s in r.steps] == (["swappiness"] if serving else
-                                                                     ["swappiness", "page-cache"])
+    up_apply.apply_up(up_plan_of((tune, launch), inputs(tmp_path, stages=("tune", "launch"))))
+    ran = given[0]
+    assert [s.name for r in ran.work.tune.ranks for s in r.steps] == (["swappiness"] if serving else
+                                                                      ["swappiness", "page-cache"])
 
 
 def test_the_live_lines_of_up_mask_the_key_and_escape_control_characters(tmp_path, monkeypatch):
     """What a stage says while it runs (remote stderr, container log text, bench warnings) goes through the same
-    masking and escaping as the single commands' lines."""
+    masking and escaping as the single commands' lines: the view's, once."""
+    from sparkstack.command import StageRows, View
     from sparkstack.up import apply as up_apply
 
     key = "sk-LIVE-KEY-42"
     monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setitem(up_apply.APPLIERS, "fetch", lambda stage, run, advance: run.say(
-        f"the server said: bad key Bearer {key}\x1b[2J\x07") or {})
+
+    def fetch(stage, view, finished):
+        view.hide(key)  # as verify, bench, soak and top tell their view of the key they send
+        view.say(f"the server said: bad key Bearer {key}\x1b[2J\x07")
+        return {}
+
+    monkeypatch.setattr(up_apply, "_run_stage", fetch)
     said = []
 
-    class Recording(up_apply.View):
+    class Rows(StageRows):
         def say(self, line):
             said.append(line)
 
-    plan = up_plan.UpPlan("r", (stage("fetch", WILL_RUN),), None)
-    up_apply.apply_up(plan, inputs(tmp_path, stages=("fetch",)), {"VLLM_API_KEY": key}, Recording())
+    class Recording(View):
+        def stages(self, rows):
+            import contextlib
+
+            return contextlib.nullcontext(Rows())
+
+    plan = up_plan_of((stage("fetch", WILL_RUN),), inputs(tmp_path, stages=("fetch",)))
+    up_apply.apply_up(plan, Recording())
     assert said == ["the server said: bad key Bearer ***\\x1b[2J\\x07"]
 
 
@@ -333,7 +352,7 @@ def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypa
     import http.server
     import threading
 
-    from sparkstack.bench.plan import make_plan
+    from sparkstack.bench import command as bench_cmd
     from sparkstack.up import apply as up_apply
 
     class Echo(http.server.BaseHTTPRequestHandler):
@@ -363,34 +382,39 @@ def test_bench_through_up_never_shows_the_key_a_server_echoes(tmp_path, monkeypa
     secret = "sk-very-secret-4242"
     monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    bench = Stage("bench", WILL_RUN, "bench", ("sparkstack", "bench", url),
-                  work=make_plan(url, concurrency=(1,), rounds=1, categories=("count",), model="tiny"))
+    environ = {"VLLM_API_KEY": secret}
+    work = bench_cmd.plan(bench_cmd.Request(url=url, concurrency=(1,), rounds=1, category=("count",), model="tiny"),
+                          environ)
+    bench = Stage("bench", WILL_RUN, "bench", f"sparkstack bench {url}", work=work)
     try:
-        with pytest.raises(up_apply.StageFailed) as caught:
-            up_apply.apply_up(up_plan.UpPlan("r", (bench,), None), inputs(tmp_path), {"VLLM_API_KEY": secret})
+        result = up_apply.apply_up(up_plan_of((bench,), inputs(tmp_path), environ))
     finally:
         server.shutdown()
-    assert "401" in str(caught.value) and "***" in str(caught.value), str(caught.value)
-    assert secret not in str(caught.value)
+    assert result.stopped == "failed"
+    assert "401" in result.failure and "***" in result.failure, result.failure
+    assert secret not in result.failure
     assert secret not in (tmp_path / "state/up/last.json").read_text()
 
 
 def test_the_serving_temperature_reaches_verify_and_bench(tmp_path):
     """`up --temperature T`: verify's sampling check and bench's requests run at T, as `verify --temperature T` and
     `bench --temperature T` would; the commands up prints to re-run them say so."""
+    import shlex
+
+    def planned(name, r, earlier=None, record=None):
+        return up_plan.plan_stage(name, r, {}, earlier or {}, record, up_plan.Ground(r, {}))
+
     inp = inputs(tmp_path, temperature=0.0, bench=True)
-    verify = up_plan.plan_verify_stage(inp, {}, {})
-    bench = up_plan.plan_bench_stage(inp, {}, {})
-    assert verify.work.temperature == 0.0 and bench.work.settings.temperature == 0.0
-    for planned, name in ((verify, "verify"), (bench, "bench")):
-        argv = list(planned.rerun)
+    verify, bench = planned("verify", inp), planned("bench", inp)
+    assert verify.work.verify.temperature == 0.0 and bench.work.bench.settings.temperature == 0.0
+    for made, name in ((verify, "verify"), (bench, "bench")):
+        argv = shlex.split(made.rerun)
         assert argv[:2] == ["sparkstack", name] and argv[argv.index("--temperature") + 1] == "0", argv
-    default = up_plan.plan_verify_stage(inputs(tmp_path), {}, {})
-    assert default.work.temperature == 1.0  # the model's own default, as verify's
+    default = planned("verify", inputs(tmp_path))
+    assert default.work.verify.temperature == 1.0  # the model's own default, as verify's
     # A verify passed at 0 is not one passed at 1 (a sampler fault shows only above 0): not up to date for it.
     launch = stage("launch", UP_TO_DATE, outputs={"run": "r1", "head_started_at": 1700.5})
     record = {"stages": [{"stage": "verify", "outcome": "done",
                           "outputs": {"run": "r1", "head_started_at": 1700.5, "checks": 7, "temperature": 0.0}}]}
-    at = {t: up_plan.plan_verify_stage(inputs(tmp_path, temperature=t), {}, {"launch": launch}, record).state
-          for t in (0.0, 1.0)}
+    at = {t: planned("verify", inputs(tmp_path, temperature=t), {"launch": launch}, record).state for t in (0.0, 1.0)}
     assert at == {0.0: UP_TO_DATE, 1.0: WILL_RUN}

@@ -15,7 +15,7 @@ import time
 import pytest
 from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, serving
-from sparkstack.cli import verify_cmd
+from sparkstack.cli import verify as verify_cmd
 from sparkstack.verify import CHECKS, plan_verify, run_verify, verdict
 from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, TOOL_ARGS, TOOL_NAME
 
@@ -52,7 +52,7 @@ def test_every_check_passes_against_the_default_standin():
     by_name = {r.check: r for r in results}
     assert statuses(results) == dict.fromkeys(NAMES, "pass"), [r.line() for r in results]
     assert verdict(results) is None
-    # One streamed request runs the pattern `cycles` times: one draft per step (FACTS §5's definitions).
+    # One streamed request runs the pattern `cycles` times: one draft per step, as vLLM's spec-decode counters count.
     drafts = len(pattern) * cycles
     length = 1 + sum(pattern) / len(pattern)
     rates = "/".join(f"{sum(a > i for a in pattern) / len(pattern):.2f}" for i in range(Behaviour.spec_tokens))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import reprlib
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from sparkstack.errors import SparkstackError
+from sparkstack.text import quoted
 
 # Bits per element: every dtype of the reference implementation (safetensors 0.8's Dtype enum).
 # Sub-byte types pack; like the reference, a tensor must fill a whole number of bytes.
@@ -36,27 +36,6 @@ U64_MAX = 2**64 - 1
 MAX_JSON_DEPTH = 128
 # Python refuses to convert longer integers (and to print them); refuse them first, with a clear reason.
 MAX_INT_DIGITS = 4300
-
-
-class _ShortRepr(reprlib.Repr):
-    """Values quoted in an error are cut short (a hostile value may be megabytes long), with JSON's literals."""
-
-    def repr_bool(self, value: bool, level: int) -> str:
-        return "true" if value else "false"
-
-    def repr_NoneType(self, value: None, level: int) -> str:
-        return "null"
-
-
-_short = _ShortRepr()
-_short.maxstring = _short.maxother = _short.maxlong = 60
-_short.maxlist = _short.maxdict = 6
-_short.maxlevel = 2
-
-
-def show(value: object) -> str:
-    """A short repr of a user's value, safe to put in a one-line error."""
-    return _short.repr(value)
 
 
 @dataclass(frozen=True)
@@ -150,7 +129,7 @@ def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
         seen = set()
         for key, _ in pairs:
             if key in seen:
-                raise JsonRefused(f"key {show(key)} appears twice in one object")
+                raise JsonRefused(f"key {quoted(key)} appears twice in one object")
             seen.add(key)
     return doc
 
@@ -162,7 +141,7 @@ def _refuse_constant(name: str) -> float:
 def _finite_float(text: str) -> float:
     value = float(text)
     if value in (float("inf"), float("-inf")):
-        raise JsonRefused(f"number {show(text)} is out of range")
+        raise JsonRefused(f"number {quoted(text)} is out of range")
     return value
 
 
@@ -183,7 +162,7 @@ def _check_tree(doc: object) -> None:
         node, depth = stack.pop()
         if isinstance(node, str):
             if _LONE_SURROGATE.search(node):
-                raise JsonRefused(f"string {show(node)} holds a lone surrogate escape, which is not Unicode")
+                raise JsonRefused(f"string {quoted(node)} holds a lone surrogate escape, which is not Unicode")
             continue
         if isinstance(node, dict):
             stack.extend((key, depth) for key in node)
@@ -212,7 +191,7 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
             raise _bad(path, f"__metadata__ must be an object of strings, not {json_kind(meta)}")
         for key, value in meta.items():
             if not isinstance(value, str):
-                raise _bad(path, f"__metadata__ value of {show(key)} is {show(value)}; values must be strings")
+                raise _bad(path, f"__metadata__ value of {quoted(key)} is {quoted(value)}; values must be strings")
         metadata = tuple(meta.items())
 
     tensors = []
@@ -226,11 +205,11 @@ def parse_header(raw: bytes, file_size: int, path: str = "<header>") -> ShardHea
     cursor = 0
     for t in tensors:
         if t.end > data_size:
-            raise _bad(path, f"tensor {show(t.name)} ends at {t.end}, past the {data_size}-byte data section")
+            raise _bad(path, f"tensor {quoted(t.name)} ends at {t.end}, past the {data_size}-byte data section")
         if t.begin < cursor:
-            raise _bad(path, f"tensor {show(t.name)} overlaps the previous tensor (starts at {t.begin}, previous ends at {cursor})")
+            raise _bad(path, f"tensor {quoted(t.name)} overlaps the previous tensor (starts at {t.begin}, previous ends at {cursor})")
         if t.begin > cursor:
-            raise _bad(path, f"gap of {t.begin - cursor} bytes before tensor {show(t.name)}: offsets do not cover the data")
+            raise _bad(path, f"gap of {t.begin - cursor} bytes before tensor {quoted(t.name)}: offsets do not cover the data")
         cursor = t.end
     if cursor != data_size:
         raise _bad(path, f"offsets cover {cursor} of {data_size} data bytes: trailing bytes are not covered")
@@ -245,35 +224,35 @@ def json_kind(value: object) -> str:
 
 
 def _parse_entry(path: str, name: str, entry: object) -> TensorEntry:
-    tensor = f"tensor {show(name)}"
+    tensor = f"tensor {quoted(name)}"
     if not isinstance(entry, dict):
         raise _bad(path, f"{tensor}: entry is {json_kind(entry)}, not an object")
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise _bad(path, f"{tensor} has unknown dtype {show(dtype)}")
+        raise _bad(path, f"{tensor} has unknown dtype {quoted(dtype)}")
     if not isinstance(shape, list):
-        raise _bad(path, f"{tensor} has a bad shape {show(shape)}: not an array")
+        raise _bad(path, f"{tensor} has a bad shape {quoted(shape)}: not an array")
     for i, dim in enumerate(shape):
         if not _is_u64(dim):
-            raise _bad(path, f"{tensor} has a bad shape: shape[{i}] is {show(dim)}, not an integer from 0 to 2^64-1")
+            raise _bad(path, f"{tensor} has a bad shape: shape[{i}] is {quoted(dim)}, not an integer from 0 to 2^64-1")
     if not (isinstance(offsets, list) and len(offsets) == 2):
-        raise _bad(path, f"{tensor} has bad data_offsets {show(offsets)}: not a [begin, end] pair")
+        raise _bad(path, f"{tensor} has bad data_offsets {quoted(offsets)}: not a [begin, end] pair")
     for i, off in enumerate(offsets):
         if not _is_u64(off):
-            raise _bad(path, f"{tensor} has bad data_offsets: data_offsets[{i}] is {show(off)}, "
+            raise _bad(path, f"{tensor} has bad data_offsets: data_offsets[{i}] is {quoted(off)}, "
                              "not an integer from 0 to 2^64-1")
     begin, end = offsets
     if end < begin:
         raise _bad(path, f"{tensor} has data_offsets that end before they begin ({begin}, {end})")
     bits = _size_in_bits(shape, DTYPE_BITS[dtype])
     if bits is None:
-        raise _bad(path, f"{tensor}: the size of {dtype}{show(shape)} overflows 64 bits")
+        raise _bad(path, f"{tensor}: the size of {dtype}{quoted(shape)} overflows 64 bits")
     if bits % 8:
-        raise _bad(path, f"{tensor}: {dtype}{show(shape)} is {bits} bits, not a whole number of bytes")
+        raise _bad(path, f"{tensor}: {dtype}{quoted(shape)} is {bits} bits, not a whole number of bytes")
     if end - begin != bits // 8:
-        raise _bad(path, f"{tensor} spans {end - begin} bytes but {dtype}{show(shape)} needs {bits // 8}")
+        raise _bad(path, f"{tensor} spans {end - begin} bytes but {dtype}{quoted(shape)} needs {bits // 8}")
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from sparkstack.command import StageRows, View
 from sparkstack.errors import UsageError
 
 
@@ -189,7 +190,7 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
-class stage_view:
+class stage_view(StageRows):
     """`up`'s live view on stderr: one row per stage (waiting, running with its bar, done), on a terminal; off a
     terminal, one line as each stage ends. Lines said by a stage print above the rows."""
 
@@ -225,6 +226,10 @@ class stage_view:
         self._bar.update(task, total=total, state="running")
         return lambda n: self._bar.advance(task, n)
 
+    def resize(self, stage: str, total: int | None) -> None:
+        if self._bar is not None:
+            self._bar.update(self._tasks[stage], total=total)
+
     def finished(self, run) -> None:
         if self._bar is None:
             if run.outcome != "up to date":
@@ -240,3 +245,36 @@ class stage_view:
             self._bar.console.print(line, markup=False, highlight=False)
         else:
             click.echo(line, err=True)
+
+
+class TerminalView(View):
+    """A command's view on this terminal: its story on stdout (stderr under --json, whose stdout is the
+    document), notes and warnings on stderr, bars on stderr only on a terminal."""
+
+    def __init__(self, as_json: bool = False) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def say(self, line: str) -> None:
+        click.echo(self.shown(line), err=self.as_json)
+
+    def note(self, line: str) -> None:
+        click.echo(self.shown(line), err=True)
+
+    def warn(self, line: str) -> None:
+        click.echo(f"sparkstack: warning: {self.shown(line)}", err=True)
+
+    def out(self, line: str) -> None:
+        click.echo(line)
+
+    def progress(self, label: str, total: int | None, enabled: bool = True):
+        return progress(label, total, enabled)
+
+    def stages(self, rows: list[tuple[str, str]]):
+        return stage_view(rows)
+
+    def hosts_progress(self, totals: dict[str, int]):
+        return multi_progress(totals)
+
+    def requests_progress(self, planned: int):
+        return request_progress(planned, enabled=not self.as_json)

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..endpoint import metrics
-from ..endpoint.client import Endpoint, EndpointError, StreamResult
+from sparkstack.endpoint import metrics
+from sparkstack.endpoint.client import Endpoint, EndpointError, StreamResult
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ..errors import SparkstackError
-from ..endpoint.client import printable
-from .plan import Settings
-from .report import RESULTS, ROUND_FIGURES, SPEC_RESULTS
+from sparkstack.bench.plan import Settings
+from sparkstack.bench.report import RESULTS, ROUND_FIGURES, SPEC_RESULTS
+from sparkstack.errors import SparkstackError
+from sparkstack.text import printable
 
 MAX_BYTES = 64 << 20
 CELL_KEYS = ("concurrency", "category", *RESULTS, "errors", "drafts", "draft_tokens", "accepted_tokens",

@@ -9,14 +9,14 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from ..endpoint.client import base_url
-from ..errors import UsageError
-from . import suite as suite_mod
+from sparkstack.bench import suite as suite_mod
+from sparkstack.endpoint.client import base_url
+from sparkstack.errors import UsageError
 
 DEFAULT_CONCURRENCY = (1, 2, 3, 4, 5, 6)
 DEFAULT_ROUNDS = 3
 DEFAULT_MAX_TOKENS = 512
-DEFAULT_TEMPERATURE = 1.0  # the model's own sampling defaults (FACTS §5): temperature 0 flatters acceptance
+DEFAULT_TEMPERATURE = 1.0  # the model's own sampling defaults (top-p 0.95): temperature 0 flatters acceptance
 DEFAULT_TOP_P = 0.95
 
 
@@ -81,7 +81,7 @@ class BenchPlan:
                 "requests": self.requests}
 
 
-def make_plan(url: str, *, concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, rounds: int = DEFAULT_ROUNDS,
+def plan_bench(url: str, *, concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY, rounds: int = DEFAULT_ROUNDS,
               max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
               top_p: float = DEFAULT_TOP_P, categories: tuple[str, ...] = (), model: str | None = None) -> BenchPlan:
     suite = suite_mod.load()

@@ -9,8 +9,8 @@ import struct
 import tempfile
 from pathlib import Path
 
-from .. import fsio, outputs
-from ..errors import UsageError
+from sparkstack import fsio, outputs
+from sparkstack.errors import UsageError
 
 COMMAND = "sparkstack bench"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

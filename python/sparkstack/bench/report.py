@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..endpoint import metrics, stats, timing
-from ..endpoint.client import StreamResult
-from ..endpoint.client import printable
-from .batch import Batch
-from .plan import Block, Settings
+from sparkstack.bench.batch import Batch
+from sparkstack.bench.plan import Block, Settings
+from sparkstack.endpoint import metrics, stats, timing
+from sparkstack.endpoint.client import StreamResult
+from sparkstack.text import printable
 
 SPEC_DECODE_COLLAPSE = "spec_decode_collapse"
 NO_SPEC_METRICS = "no_spec_metrics"

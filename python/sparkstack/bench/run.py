@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ..endpoint import metrics
-from ..endpoint.client import Endpoint
-from ..errors import SparkstackError
-from ..verify import served_models
-from .batch import Batch, run_concurrent
-from .plan import BenchPlan, Block
-from .report import NOISY, SERVER_BUSY, Cell, Report, make_cell, noisy
+from sparkstack.bench.batch import Batch, run_concurrent
+from sparkstack.bench.plan import BenchPlan, Block
+from sparkstack.bench.report import NOISY, SERVER_BUSY, Cell, Report, make_cell, noisy
+from sparkstack.endpoint import metrics
+from sparkstack.endpoint.client import Endpoint
+from sparkstack.errors import SparkstackError
+from sparkstack.verify import served_models
 
 
 def _run_block(plan: BenchPlan, endpoint: Endpoint, block: Block, attempt: int, has_metrics: bool,

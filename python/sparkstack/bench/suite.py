@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from ..errors import UsageError
+from sparkstack.errors import UsageError
 
 SUITE_FILE = "suite-v1.json"
 

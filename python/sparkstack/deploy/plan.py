@@ -14,8 +14,9 @@ from pathlib import Path
 
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.hfcache import entry_holds, entry_name, hub_path, read_ref, ref_file
-from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, load_recipe, show, show_path
+from sparkstack.recipe import ENV_KNOBS, KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, NodeSpec, Recipe, check_value, load_recipe
 from sparkstack.remote import Runner
+from sparkstack.text import printable, quoted
 
 FABRIC_IPS = ("10.0.0.1", "10.0.0.2")
 # Generated flags whose value a plain recipe may set in its own args, as that knob's default.
@@ -51,18 +52,18 @@ def image_flag(value: str) -> ImageFlag:
     looks_like_path = value.startswith(("/", "./", "../", "~")) or value.endswith(("/", ".tar"))
     if not path.exists():
         if looks_like_path:  # no image reference starts with / or . nor ends with / or .tar
-            raise SparkstackError(f"--image {show_path(path)}: no such OCI layout or image archive")
+            raise SparkstackError(f"--image {printable(path)}: no such OCI layout or image archive")
         return ImageFlag(value, None, None)
     built = complete_output(path)
     if built is None:
-        raise SparkstackError(f"--image {show_path(path)}: not a complete OCI layout or image archive")
+        raise SparkstackError(f"--image {printable(path)}: not a complete OCI layout or image archive")
     return ImageFlag(built.name or built.config_digest, built.config_digest, path.absolute())
 
 
 def resolve_knobs(recipe: Recipe, environ: Mapping[str, str], image: ImageFlag | None = None) -> Knobs:
     """Knob values by precedence: built-in defaults < the recipe < `--image` (IMAGE only) < the environment."""
     values = dict(KNOB_DEFAULTS)
-    src = show_path(recipe.path)
+    src = printable(recipe.path)
     where = {k: "built-in default " for k in KNOB_DEFAULTS}  # where each value came from, for the one error line
     values["IMAGE"], where["IMAGE"] = recipe.docker_image, f"{src}: docker_image="
     if not recipe.knobs:  # plain shape: the recipe's own values stand in for the defaults
@@ -75,7 +76,7 @@ def resolve_knobs(recipe: Recipe, environ: Mapping[str, str], image: ImageFlag |
                 if i + 1 < len(recipe.args):
                     values[knob], where[knob] = recipe.args[i + 1], f"{src} args: {flag} "
         env = dict(recipe.env)
-        for knob in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+        for knob in ENV_KNOBS:
             if knob in env:
                 values[knob], where[knob] = env[knob], f"{src} [env]: {knob}="
     values.update(dict(recipe.knobs))
@@ -97,7 +98,7 @@ def check_knobs(values: Mapping[str, str], where: Mapping[str, str]) -> None:
         # Blame the one set in the environment, when only one of them is.
         env_master = where["MASTER_PORT"].startswith("environment") and not where["API_PORT"].startswith("environment")
         first, second = ("MASTER_PORT", "API_PORT") if env_master else ("API_PORT", "MASTER_PORT")
-        raise SparkstackError(f"{where[first]}{show(values[first])} is also {second}: the head cannot bind both ports")
+        raise SparkstackError(f"{where[first]}{quoted(values[first])} is also {second}: the head cannot bind both ports")
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def _ranks(recipe: Recipe, knobs: Knobs) -> list[Rank]:
     ranks = []
     fabric_of: dict[str, int] = {}
     for rank, node in enumerate(nodes):
-        where = f"{show_path(recipe.path)} [[nodes]] #{rank + 1}" if recipe.nodes else f"rank {rank}"
+        where = f"{printable(recipe.path)} [[nodes]] #{rank + 1}" if recipe.nodes else f"rank {rank}"
         where += f" ({node.host})"
         # A recipe's node templates are checked once filled; the built-in nodes hold knob values, already checked.
         fill = functools.partial(_fill_checked, where if recipe.nodes else None, knobs=knobs, rank=rank)
@@ -258,7 +259,7 @@ def _ranks(recipe: Recipe, knobs: Knobs) -> list[Rank]:
                 raise SparkstackError(f"{where}: no fabric_ip: with {nnodes} nodes every rank needs its own")
             fabric_ip = knobs["MASTER_ADDR"]
         if fabric_ip in fabric_of:
-            raise SparkstackError(f"{where}: fabric address {show(fabric_ip)} is also rank {fabric_of[fabric_ip]}'s: "
+            raise SparkstackError(f"{where}: fabric address {quoted(fabric_ip)} is also rank {fabric_of[fabric_ip]}'s: "
                                   "every rank needs its own")
         fabric_of[fabric_ip] = rank
         nic, hca = fill("nic", node.nic) or knobs["CX_NIC"], fill("hca", node.hca) or knobs["CX_HCA"]

@@ -18,8 +18,9 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from ..errors import SparkstackError, UsageError
-from . import metrics, sse
+from sparkstack.endpoint import metrics, sse
+from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.text import printable, quoted
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")  # current vLLM first, then older builds
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -199,10 +200,14 @@ class Endpoint:
     def health(self, timeout: float = 5.0) -> tuple[bool, str]:
         """(healthy, detail). A refused connection is not healthy, not an error."""
         try:
-            resp = self._get("/health", timeout)
+            code = self.health_code(timeout)
         except EndpointError as exc:
             return False, str(exc)
-        return resp.status_code == 200, f"HTTP {resp.status_code}"
+        return code == 200, f"HTTP {code}"
+
+    def health_code(self, timeout: float = 5.0) -> int:
+        """/health's HTTP status, waiting at most `timeout` seconds; EndpointError when nothing answers."""
+        return self._get("/health", timeout).status_code
 
     def scrape(self) -> metrics.Scrape | None:
         """/metrics parsed; None when the server has no /metrics (404)."""
@@ -283,11 +288,11 @@ class Endpoint:
                         if not isinstance(chunk, dict):
                             raise TypeError("not an object")
                         if "error" in chunk:
-                            raise EndpointError("stream_error", f"chat: the stream sent an error: {printable(_short(data))}")
+                            raise EndpointError("stream_error", f"chat: the stream sent an error: {quoted(data, 100)}")
                         carried = acc.add(chunk)
                     except (ValueError, TypeError, AttributeError, RecursionError, OverflowError):
                         raise EndpointError("malformed", "chat: a stream event is not a chat chunk: "
-                                                         f"{printable(_short(data))}") from None
+                                                         f"{quoted(data, 100)}") from None
                     chunks += 1
                     first_chunk = now if first_chunk is None else first_chunk
                     if carried:
@@ -358,15 +363,6 @@ def _arrivals(resp: requests.Response):
     return iter(lambda: resp.raw.read1(65536), b"")
 
 
-def printable(text: str) -> str:
-    """Server-provided text made safe for a terminal: control characters (escape sequences too) shown escaped."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text))
-
-
-def _short(text: str, limit: int = 100) -> str:
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
-
-
 def _error_message(resp: requests.Response) -> str:
     """The server's own error message when it sent one (OpenAI's {"error": {"message"}} or FastAPI's detail)."""
     try:
@@ -374,7 +370,7 @@ def _error_message(resp: requests.Response) -> str:
         err = doc.get("error", doc.get("detail"))
         msg = err.get("message") if isinstance(err, dict) else err
         if isinstance(msg, str) and msg:
-            return printable(_short(msg, 160)[1:-1])
+            return printable(msg if len(msg) <= 160 else msg[:157] + "...")
     except (ValueError, AttributeError, RecursionError):
         pass
     return printable(resp.reason or "no message")

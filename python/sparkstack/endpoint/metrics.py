@@ -1,7 +1,8 @@
 """vLLM's /metrics as frozen data, parsed with prometheus_client's own parser.
 
-Only the names in FACTS.md §5 and §7 are read. Counters are exposed with a `_total` suffix; samples of one name
-under several label sets (engines, models) are summed, except spec decode's `position` label, which is kept apart.
+Only the names below are read (vLLM v1's server, spec-decode and request metrics). Counters are exposed with a
+`_total` suffix; samples of one name under several label sets (engines, models) are summed, except spec decode's
+`position` label, which is kept apart.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..errors import SparkstackError
+from sparkstack.errors import SparkstackError
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -76,7 +77,8 @@ class SpecDelta:
 
     @property
     def acceptance_length(self) -> float | None:
-        """1 + accepted / drafts (FACTS §5); None without drafts."""
+        """1 + accepted / drafts (the bonus token every step emits, plus the drafts it accepted); None
+        without drafts."""
         return 1 + self.accepted / self.drafts if self.drafts > 0 else None
 
     @property

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .client import StreamResult
-from .metrics import ServerTiming
+from sparkstack.endpoint.client import StreamResult
+from sparkstack.endpoint.metrics import ServerTiming
 
 AGREE = 2.0  # two clocks over the same decode agree far closer than this; beyond it one of them is not measuring
 

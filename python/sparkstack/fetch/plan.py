@@ -7,6 +7,7 @@ earlier fetch recorded it, and for a repo's current commit only under --resolve.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ from sparkstack.hfcache import (
     refuse_unlisted,
     snapshot_needs,
 )
-from sparkstack.recipe import Recipe, refuse_installed_recipe, show_path
+from sparkstack.recipe import Recipe, refuse_installed_recipe
+from sparkstack.text import printable
 from sparkstack.units import human_bytes
 
 
@@ -149,6 +151,17 @@ def entry_state(w: Wanted, hub_dir: Path) -> EntryFetch:
     return state
 
 
+def pin_steps(recipe: Recipe) -> str:
+    """The command line that pins a recipe's revisions: on the recipe itself, or, for one installed with
+    sparkstack (never edited in place), on a copy made first."""
+    from sparkstack.shipped import installed_copy_root
+
+    if installed_copy_root(recipe.path) is None:
+        return f"sparkstack fetch --resolve --recipe {printable(recipe.path)}"
+    return (f"{shlex.join(['cp', str(recipe.path), 'my-recipe.toml'])} && "
+            "sparkstack fetch --resolve --recipe ./my-recipe.toml")
+
+
 def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
     """What the head's hub (the one launch mounts: the deployment's $HF_HOME/hub) lacks of the pinned commits;
     `environ` for HF_HUB_CACHE, which fetch does not follow."""
@@ -156,9 +169,8 @@ def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:
     todo = wanted(recipe)
     unpinned = [w.field for w in todo if w.revision is None]
     if unpinned:
-        raise SparkstackError(f"{show_path(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
-                              f"commits only; run `sparkstack fetch --resolve --recipe {show_path(recipe.path)}` "
-                              "to pin the hub's current ones")
+        raise SparkstackError(f"{printable(recipe.path)}: {' and '.join(unpinned)} unpinned: fetch downloads pinned "
+                              f"commits only; run `{pin_steps(recipe)}` to pin the hub's current ones")
     hub_dir = deployment.local_hub
     warnings = []
     other = environ.get("HF_HUB_CACHE")

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from sparkstack import fsio
+from sparkstack.endpoint.client import Endpoint, EndpointError
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.confirm import Confirmed, Expected, judge, plan_expectations
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check, argv_gate_checks, gate_checks, gate_rank, run_preflight
+from sparkstack.launch.preflight import PreflightCheck, argv_gate_checks, gate_checks, gate_rank, run_preflight
 from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
@@ -31,6 +29,7 @@ from sparkstack.launch.timeline import (
 )
 from sparkstack.oci.load import apply_load, plan_load
 from sparkstack.remote import Runner, failure_line
+from sparkstack.state import launch_runs_dir
 from sparkstack.tune.pagecache import drop_page_cache
 
 
@@ -109,7 +108,7 @@ def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
 
 def drop_caches(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int],
                 on_event: Callable[[str], None]) -> None:
-    """sync and drop the page cache on every rank being started (FACTS.md §3 does it on both nodes):
+    """sync and drop the page cache on every rank being started (the seed launcher does it on both nodes):
     on unified memory, the page cache counts against the GPU's free memory at engine start."""
     for rank in ranks:
         runner = runners[rank].for_root()  # `sudo -n` where the user is not root, as tune and the guard
@@ -148,39 +147,32 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def first_token_s(port: int, model: str, api_key: str | None) -> float:
-    """One streaming chat request; seconds until its first content token."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "stream": True,
+def _head(plan: LaunchPlan, api_key: str | None = None, timeout: float = 120.0) -> Endpoint:
+    return Endpoint(f"http://127.0.0.1:{plan.api_port}", api_key, timeout)
+
+
+def head_health_code(plan: LaunchPlan) -> int:
+    """The head's /health status within 5 s; EndpointError when nothing answers."""
+    head = _head(plan)
+    try:
+        return head.health_code(timeout=5)
+    finally:
+        head.close()
+
+
+def first_token_s(plan: LaunchPlan, api_key: str | None) -> float:
+    """One streamed chat request to the head; seconds until its first generated token (reasoning counts: GLM thinks
+    first, and 8 tokens may hold no content at all)."""
+    body = {"model": plan.knobs["SERVED_NAME"], "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
-    t0 = time.monotonic()
+    head = _head(plan, api_key)
     try:
-        with requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers, stream=True,
-                           timeout=120) as resp:
-            if resp.status_code != 200:
-                raise SparkstackError(f"chat request returned HTTP {resp.status_code}")
-            for line in resp.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                delta = _chunk_delta(line[6:])
-                if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
-                    return time.monotonic() - t0
-    except requests.RequestException as exc:
-        raise SparkstackError(f"chat request failed: {type(exc).__name__}") from None
-    raise SparkstackError("chat stream ended without a token")
-
-
-def _chunk_delta(data: str) -> dict:
-    """The delta of one streamed chat chunk; anything else (an error event, a non-JSON line) is one clear failure."""
-    try:
-        chunk = json.loads(data)
-        delta = chunk["choices"][0].get("delta") or {}
-        if not isinstance(delta, dict):
-            raise TypeError
-        return delta
-    except (ValueError, RecursionError, KeyError, IndexError, TypeError, AttributeError):
-        shown = data if len(data) <= 120 else data[:117] + "..."
-        raise SparkstackError(f"chat stream sent something that is not a chat chunk: {shown!r}") from None
+        result = head.stream_chat(body)
+    finally:
+        head.close()
+    if result.first_token_s is None:
+        raise SparkstackError("chat stream ended without a token")
+    return result.first_token_s
 
 
 def read_timeline(plan: LaunchPlan, runners: dict[int, Runner]) -> dict[int, tuple[RankTimeline, str, str]]:
@@ -248,14 +240,14 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
             boot.port_open_s = round(time.time() - t0, 3)
             on_event(f"port {plan.api_port} open after {boot.port_open_s:.1f} s")
         try:
-            healthy = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code == 200
-        except requests.RequestException:
+            healthy = head_health_code(plan) == 200
+        except EndpointError:
             healthy = False
         if healthy:  # /health, never /v1/models: that one answers 200 with a dead engine
             boot.health_s = round(time.time() - t0, 3)
             on_event(f"/health 200 after {boot.health_s:.1f} s")
             try:
-                ttft = first_token_s(plan.api_port, plan.knobs["SERVED_NAME"], api_key)
+                ttft = first_token_s(plan, api_key)
             except SparkstackError as exc:
                 raise LaunchFailed(f"healthy, but no first token: {exc}", all_logs(plan, runners, t.log_tail)) from None
             boot.ttft_s = round(time.time() - t0, 3)
@@ -286,12 +278,6 @@ def run_id(plan: LaunchPlan, image_id: str) -> str:
     return boot_id(image_id, plan.model_revision, plan.drafter_revision, [list(r.docker_run) for r in plan.ranks])
 
 
-def state_dir() -> Path:
-    base = os.environ.get("SPARKSTACK_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "sparkstack")
-    return Path(base) / "runs"
-
-
 def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[int, list[str]]) -> Path:
     """`ran` is the argv each started rank really ran (after a remote `~` was expanded)."""
     rid = run_id(plan, image_id)
@@ -306,7 +292,7 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
         "api_port": plan.api_port, "model": plan.recipe.model, "served_name": plan.knobs["SERVED_NAME"],
         "drafter": {"repo": plan.recipe.drafter_repo, "licence": plan.recipe.drafter_licence},
     }
-    d = state_dir()
+    d = launch_runs_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{rid}.json"
     try:  # `launch 1`, then `launch 0`: one run (the same id), so the record keeps the ranks started before
@@ -322,7 +308,7 @@ def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[i
 
 
 def latest_record() -> dict | None:
-    d = state_dir()
+    d = launch_runs_dir()
     try:
         return json.loads((d / f"{(d / 'latest').read_text().strip()}.json").read_text())
     except (OSError, ValueError):
@@ -377,7 +363,7 @@ def runners_for(plan: LaunchPlan, ssh_config: Path | None) -> dict[int, Runner]:
 
 
 def preflight(plan: LaunchPlan, target: str, host_root: Path, runners: dict[int, Runner], probe: bool, force: bool,
-              gates: bool, environ: dict, dry_run: bool) -> tuple[list[RankPlan], list[Check]]:
+              gates: bool, environ: dict, dry_run: bool) -> tuple[list[RankPlan], list[PreflightCheck]]:
     """The ranks TARGET names, and the preflight checks. The ranks (their docker, over ssh) are asked only on a
     real run, or on a dry run with --probe."""
     selected = select_ranks(plan, target)
@@ -393,7 +379,7 @@ class Started:
     guard: object | None  # the memory guard that watched the boot (launch.guard.MemoryGuard), if asked for
 
 
-def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check],
+def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[PreflightCheck],
                on_event: Callable[[str], None], launching: list[int]) -> None:
     """The gates preflight left for later because the head did not hold the image yet (`--image LAYOUT`, as `up`
     passes it): load the image there now and run them, in seconds, before any rank starts a 15-minute boot."""
@@ -410,7 +396,7 @@ def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Check]
         raise SparkstackError(verdict)
 
 
-def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[Check], t: Timeouts,
+def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan], checks: list[PreflightCheck], t: Timeouts,
           environ: dict, on_event: Callable[[str], None], drop: bool, memory_guard_gib: float | None,
           host_root: Path, gates: bool = False) -> Started:
     """A failed preflight is the error; else start the selected ranks, with the memory guard polled while they
@@ -487,8 +473,8 @@ def status(plan: LaunchPlan | Deployment, runners: dict[int, Runner]) -> tuple[l
             row["state"] = f"unknown ({failure_line(proc)})"
         if rank.rank == 0 and row["state"] == "running":
             try:
-                row["health"] = requests.get(f"http://127.0.0.1:{plan.api_port}/health", timeout=5).status_code
-            except requests.RequestException as exc:
-                row["health"] = f"unreachable ({type(exc).__name__})"
+                row["health"] = head_health_code(plan)
+            except EndpointError as exc:
+                row["health"] = f"unreachable ({exc.kind})"
         out.append(row)
     return out, record

@@ -1,5 +1,5 @@
-"""The boot lines vLLM prints (FACTS.md §7), as data: the phases of a boot, the lines that are fatal, the one
-warning. The timeline parser, launch's boot wait and the lab's stand-in engine all read this one table.
+"""The boot lines vLLM prints, as data: the phases of a boot, the lines that are fatal, the one warning. The
+timeline parser, launch's boot wait and the lab's stand-in engine all read this one table.
 
 Each pattern is searched in the text after vLLM's prefix (`(Worker_TP0 pid=...) INFO 05-01 10:00:00
 [file.py:N] `). Named groups are the figures a line carries. `sample` is that text as vLLM prints it, with
@@ -124,9 +124,9 @@ BOOT_LINES = (
 
 @dataclass(frozen=True)
 class ConfirmLine:
-    """A line a recipe may expect its boot to show (FACTS.md §2). `pattern` is searched in the message; its group
-    `value`, where it has one, is the part the recipe decides (derived in launch/confirm.py). `sample` is the line
-    as it is printed, `{value}` where the value goes; `source` says whose format string it is."""
+    """A line a recipe may expect its boot to show (the blog confirms these by eye). `pattern` is searched in the
+    message; its group `value`, where it has one, is the part the recipe decides (derived in launch/confirm.py).
+    `sample` is the line as it is printed, `{value}` where the value goes; `source` says whose format string it is."""
 
     key: str
     pattern: str
@@ -141,7 +141,7 @@ class ConfirmLine:
 CONFIRM = (
     # Not in vLLM 0.32's sources: the blog's image (an older fork) prints it; 0.32 has no such log line.
     ConfirmLine("modelopt-nvfp4", r"Detected ModelOpt NVFP4 checkpoint\b(?: \(quant_algo=(?P<value>\w+)\))?",
-                "Detected ModelOpt NVFP4 checkpoint (quant_algo={value})", "FACTS.md §2 (the blog's image)",
+                "Detected ModelOpt NVFP4 checkpoint (quant_algo={value})", "the blog's image (its boot log)",
                 "Detected ModelOpt NVFP4 checkpoint"),
     ConfirmLine("nvfp4-moe-backend", r"Using '(?P<value>\w+)' NvFp4 MoE backend\b",
                 "Using '{value}' NvFp4 MoE backend out of potential backends: ['MARLIN']",

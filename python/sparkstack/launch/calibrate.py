@@ -1,7 +1,7 @@
 """KV calibration (`plan kv --from-boot`): what a boot measured of the KV pool, beside the plan's arithmetic.
 
 The blog's author booted, read `GPU KV cache size: 989,727 tokens` off the log and wrote the figures into the
-launcher by hand (FACTS.md §4). Here a boot's measurement comes from one of two places:
+launcher by hand. Here a boot's measurement comes from one of two places:
 
 - a run record (launch's `write_record`: the latest one, or a file): its boot document holds each rank's timeline
   (`kv_cache_tokens`, `kv_available_gib`) and each rank's `docker_run` argv (the pin, when it set one);

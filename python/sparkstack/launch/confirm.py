@@ -1,5 +1,6 @@
-"""The boot lines a recipe expects (its `[boot] expect`, FACTS.md §2), derived where they depend on the recipe,
-and judged against the head's log: each one seen, missing, or seen with another value than the one derived.
+"""The boot lines a recipe expects (its `[boot] expect`: lines the blog confirms by eye), derived where they depend
+on the recipe, and judged against the head's log: each one seen, missing, or seen with another value than the one
+derived.
 
 Derived: the Eagle3 aux layers from the drafter's config (as vLLM reads them), the NvFp4 MoE backend from the
 argv's --moe-backend, and the two graph lines only when the argv has no --enforce-eager (EAGER off). The one read

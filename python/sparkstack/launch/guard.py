@@ -19,7 +19,7 @@ from sparkstack.tune.pagecache import drop_page_cache
 
 COMPACT = ("sysctl", "-w", "vm.compact_memory=1")
 COOLDOWN_S = 30.0  # after acting on a rank, let the loader run before judging that rank again
-DEADLINE_S = 1800.0  # twice a cold boot (FACTS.md §7): by then the engine holds its memory, or the boot has failed
+DEADLINE_S = 1800.0  # twice a cold boot (about 15 min): by then the engine holds its memory, or the boot has failed
 
 
 @dataclass

@@ -49,7 +49,7 @@ def kv_inputs(plan: LaunchPlan) -> KvInputs:
     return KvInputs(kv_bytes, block, max_len, dtype)
 
 
-def kv_plan(plan: LaunchPlan, kv_bytes: int | None = None) -> KvPlan:
+def plan_launch_kv(plan: LaunchPlan, kv_bytes: int | None = None) -> KvPlan:
     """The KV plan for a launch plan; `kv_bytes` overrides the argv's pin (`plan kv --kv-bytes`)."""
     inputs = kv_inputs(plan)
     return plan_kv(plan.recipe.kv, inputs.kv_bytes if kv_bytes is None else kv_bytes, inputs.max_model_len,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from sparkstack.deploy.plan import Deployment, ImageFlag, Knobs, Rank, plan_deployment
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import snapshot_text
-from sparkstack.recipe import KNOB_DEFAULTS, Recipe, show
+from sparkstack.recipe import ENV_KNOBS, KNOB_DEFAULTS, Recipe
+from sparkstack.text import quoted
 
 CONTAINER_HUB = "/root/.cache/huggingface/hub"
 LAB_DROPS = (("--gpus", "all"), ("--ulimit", "memlock=-1:-1"), ("--device", "/dev/infiniband:/dev/infiniband"))
@@ -138,9 +139,9 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
     try:
         spec = json.loads(raw)
     except (json.JSONDecodeError, RecursionError) as exc:
-        raise SparkstackError(f"--speculative-config is not JSON ({str(exc)[:80]}): {show(raw)}") from None
+        raise SparkstackError(f"--speculative-config is not JSON ({str(exc)[:80]}): {quoted(raw)}") from None
     if not isinstance(spec, dict):
-        raise SparkstackError(f"--speculative-config must be a JSON object: {show(raw)}")
+        raise SparkstackError(f"--speculative-config must be a JSON object: {quoted(raw)}")
     ordered = {"method": spec.pop("method", "dflash")}
     if drafter_path is not None:
         spec.pop("model", None)
@@ -159,7 +160,7 @@ def speculative_config(raw: str, drafter_path: str | None, knobs: Knobs) -> str:
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's, when the argv sets none
 
 
-def build_plan(recipe: Recipe, environ: Mapping[str, str], profile: str = "production",
+def plan_launch_from_recipe(recipe: Recipe, environ: Mapping[str, str], profile: str = "production",
                image: ImageFlag | None = None) -> LaunchPlan:
     """The deployment of `recipe` in `environ`, then launch's argv for it."""
     if profile not in ("production", "lab"):
@@ -205,7 +206,7 @@ def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, 
     options += ["--label", f"org.sparkstack.recipe={recipe.name}", "--label", f"org.sparkstack.rank={rank}"]
     env: dict[str, str] = {"VLLM_HOST_IP": fabric_ip}
     recipe_env = dict(recipe.env)
-    for knob in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"):
+    for knob in ENV_KNOBS:
         if knob in knobs.active:
             env[knob] = knobs[knob]
             recipe_env.pop(knob, None)

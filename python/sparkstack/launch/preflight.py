@@ -20,15 +20,16 @@ from pathlib import Path
 from sparkstack.checkline import check_line
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, ref_file, snapshot_dir, snapshot_state
+from sparkstack.launch import argv_gate
+from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.kv import kv_plan
 from sparkstack.remote import Runner, failure_line
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.mtp import mtp_keys, mtp_levels_left, num_hidden_layers
 from sparkstack.tune.facts import GIB, HostFacts, read_facts
 
 CHAT_TEMPLATE = "chat_template_mm.jinja"
-# Runtime gates when the image carries none in its labels (FACTS.md §2).
+# Runtime gates when the image carries none in its labels: the overlay's build gates (overlays/dflash2/overlay.toml).
 DEFAULT_GATES = (
     ("python3", "-c", "from vllm.model_executor.models.registry import ModelRegistry; "
                       "assert 'DFlash2DraftModel' in ModelRegistry.get_supported_archs()"),
@@ -36,7 +37,7 @@ DEFAULT_GATES = (
     ("python3", "-c", "import vllm.v1.worker.gpu.spec_decode.dflash2.speculator"),
 )
 
-# The InstantTensor variant's own gates (FACTS.md §2): its wheel drags NCCL down to 2.29.7, fatal on the fabric, so
+# The InstantTensor variant's own gates: its wheel drags NCCL down to 2.29.7, fatal on the fabric, so
 # the image must hold the re-pinned 2.30.7; and the loader `--load-format instanttensor` names must import.
 NCCL_PIN = "2.30.7"
 INSTANTTENSOR_GATES = (
@@ -57,78 +58,11 @@ def load_format_gates(plan: LaunchPlan) -> list[tuple[str, ...]]:
 # Run inside the image as `python3 -c ARGV_GATE ARGV...`: the image's own `vllm serve` parser, abbreviations off,
 # judges the engine argv, then the tool and reasoning parser names against the image's registries. Prints one line;
 # exit 0 when vLLM accepts the argv, 1 when it refuses (the line names the option), 2 when the image has no parser.
-ARGV_GATE = r"""
-import sys
-
-
-class Refused(Exception):
-    pass
-
-
-def _first(*imports):
-    for module, name in imports:
-        try:
-            return getattr(__import__(module, fromlist=[name]), name)
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
-def parser():
-    make = _first(("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
-                  ("vllm.entrypoints.openai.cli_args", "make_arg_parser"))
-    flexible = _first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"), ("vllm.utils", "FlexibleArgumentParser"))
-    if make is None or flexible is None:
-        return None
-    p = make(flexible(allow_abbrev=False))
-
-    def error(message):
-        raise Refused(message)
-
-    p.error = error  # argparse reports unknown options and bad choices through error(): one line, no exit
-    return p
-
-
-def registered(kind):
-    manager = _first(("vllm.tool_parsers", "ToolParserManager"),
-                     ("vllm.entrypoints.openai.tool_parsers", "ToolParserManager")) if kind == "tool" else \
-        _first(("vllm.reasoning", "ReasoningParserManager"))
-    if manager is None:
-        return None
-    names = getattr(manager, "list_registered", None)
-    return set(names()) if names else set(getattr(manager, "tool_parsers", getattr(manager, "reasoning_parsers", {})))
-
-
-def judge(argv):
-    p = parser()
-    if p is None:
-        return 2, "no vLLM serve argument parser in the image (vllm...cli_args.make_arg_parser)"
-    try:
-        args = p.parse_args(argv)
-    except Refused as exc:
-        return 1, " ".join(str(exc).split())[:300]
-    for flag, dest, kind in (("--tool-call-parser", "tool_call_parser", "tool"),
-                             ("--reasoning-parser", "reasoning_parser", "reasoning")):
-        name = getattr(args, dest, None)
-        if name is None:
-            name = getattr(getattr(args, "structured_outputs_config", None), dest, None)
-        if not name or (kind == "tool" and getattr(args, "tool_parser_plugin", None)):
-            continue  # unset, or a plugin may register it at start
-        have = registered(kind)
-        if have is not None and name not in have:
-            return 1, f"{flag} {name}: the image's vLLM has no such {kind} parser (it has {', '.join(sorted(have))})"
-    return 0, f"vLLM accepts the argv ({len(argv)} arguments)"
-
-
-if __name__ == "__main__":
-    code, line = judge(sys.argv[1:])
-    print(line)
-    sys.exit(code)
-"""
+ARGV_GATE = Path(argv_gate.__file__).read_text()  # sent as it is on disk, byte for byte
 
 
 @dataclass(frozen=True)
-class Check:
+class PreflightCheck:
     name: str
     status: str  # pass | fail | warn | skip
     detail: str
@@ -188,39 +122,39 @@ def read_fabric(runner: Runner, root: str, nic: str, hca: str) -> FabricFacts:
                        texts[paths["fib_trie"]] or "", texts[paths["route"]] or "")
 
 
-def nic_verdict(f: FabricFacts, nic: str, rank: int) -> Check:
+def nic_verdict(f: FabricFacts, nic: str, rank: int) -> PreflightCheck:
     if f.operstate is None:
-        return Check("nic", "fail", f"{nic} does not exist (have: {', '.join(f.netdevs) or 'none'})", rank)
+        return PreflightCheck("nic", "fail", f"{nic} does not exist (have: {', '.join(f.netdevs) or 'none'})", rank)
     state = f.operstate.strip()
     # operstate, not `ip link | grep UP`: a down link can still carry the UP flag.
     if state != "up":
-        return Check("nic", "fail", f"{nic} operstate is {state!r}, not 'up'", rank)
-    return Check("nic", "pass", f"{nic} is up", rank)
+        return PreflightCheck("nic", "fail", f"{nic} operstate is {state!r}, not 'up'", rank)
+    return PreflightCheck("nic", "pass", f"{nic} is up", rank)
 
 
-def hca_verdict(f: FabricFacts, hca: str, nic: str, rank: int) -> Check:
+def hca_verdict(f: FabricFacts, hca: str, nic: str, rank: int) -> PreflightCheck:
     if f.hca_netdevs is None:
-        return Check("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(f.hcas) or 'none'})", rank)
+        return PreflightCheck("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(f.hcas) or 'none'})", rank)
     if nic not in f.hca_netdevs:
-        return Check("hca", "fail", f"{hca} maps to {', '.join(f.hca_netdevs) or 'no netdev'}, not {nic}", rank)
-    return Check("hca", "pass", f"{hca} <-> {nic}", rank)
+        return PreflightCheck("hca", "fail", f"{hca} maps to {', '.join(f.hca_netdevs) or 'no netdev'}, not {nic}", rank)
+    return PreflightCheck("hca", "pass", f"{hca} <-> {nic}", rank)
 
 
-def fabric_ip_verdict(f: FabricFacts, ip: str, nic: str, rank: int) -> Check:
+def fabric_ip_verdict(f: FabricFacts, ip: str, nic: str, rank: int) -> PreflightCheck:
     if ip not in _ips_in(f.fib_trie):
-        return Check("fabric-ip", "fail", f"{ip} is not an address of this host", rank)
+        return PreflightCheck("fabric-ip", "fail", f"{ip} is not an address of this host", rank)
     addr = struct.unpack("<I", socket.inet_aton(ip))[0]
     if not any(addr & mask == net for net, mask in _routes_in(f.route, nic)):
-        return Check("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}", rank)
-    return Check("fabric-ip", "pass", f"{ip} on {nic}", rank)
+        return PreflightCheck("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}", rank)
+    return PreflightCheck("fabric-ip", "pass", f"{ip} on {nic}", rank)
 
 
-def fabric_checks(f: FabricFacts, ip: str, nic: str, hca: str, rank: int) -> list[Check]:
+def fabric_checks(f: FabricFacts, ip: str, nic: str, hca: str, rank: int) -> list[PreflightCheck]:
     """The fabric's three one-line verdicts for one rank: its NIC is up, its HCA maps to it, its address is on it."""
     return [nic_verdict(f, nic, rank), hca_verdict(f, hca, nic, rank), fabric_ip_verdict(f, ip, nic, rank)]
 
 
-def worker_fabric_checks(plan: LaunchPlan, runners: dict[int, Runner], root: Path) -> list[Check]:
+def worker_fabric_checks(plan: LaunchPlan, runners: dict[int, Runner], root: Path) -> list[PreflightCheck]:
     """Every rank reached over ssh gets the head's fabric checks, on its own NIC, HCA and address: the blog's
     launcher fails fast unless the link is up on both sides; a worker's down or renamed port would otherwise show
     up as an NCCL hang minutes into the boot."""
@@ -231,17 +165,17 @@ def worker_fabric_checks(plan: LaunchPlan, runners: dict[int, Runner], root: Pat
         try:
             facts = read_fabric(runners[rank.rank], str(root.absolute()), rank.nic, rank.hca)
         except SparkstackError as exc:
-            checks.append(Check("fabric", "fail", f"cannot read the fabric facts: {exc}", rank.rank))
+            checks.append(PreflightCheck("fabric", "fail", f"cannot read the fabric facts: {exc}", rank.rank))
             continue
         checks += fabric_checks(facts, rank.fabric_ip, rank.nic, rank.hca, rank.rank)
     return checks
 
 
-def check_nic(root: Path, nic: str, rank: int) -> Check:
+def check_nic(root: Path, nic: str, rank: int) -> PreflightCheck:
     return nic_verdict(read_fabric(Runner(), str(root), nic, ""), nic, rank)
 
 
-def check_hca(root: Path, hca: str, nic: str, rank: int) -> Check:
+def check_hca(root: Path, hca: str, nic: str, rank: int) -> PreflightCheck:
     return hca_verdict(read_fabric(Runner(), str(root), nic, hca), hca, nic, rank)
 
 
@@ -268,7 +202,7 @@ def _routes_in(text: str, nic: str) -> list[tuple[int, int]]:
     return out
 
 
-def check_fabric_ip(root: Path, ip: str, nic: str, rank: int) -> Check:
+def check_fabric_ip(root: Path, ip: str, nic: str, rank: int) -> PreflightCheck:
     return fabric_ip_verdict(read_fabric(Runner(), str(root), nic, ""), ip, nic, rank)
 
 
@@ -282,89 +216,89 @@ def listening_ports(root: Path) -> set[int]:
     return ports
 
 
-def check_ports(root: Path, ports: dict[str, int], rank: int) -> Check:
+def check_ports(root: Path, ports: dict[str, int], rank: int) -> PreflightCheck:
     busy = listening_ports(root)
     taken = [f"{name} {port}" for name, port in ports.items() if port in busy]
     if taken:
-        return Check("ports", "fail", f"already listening: {', '.join(taken)}", rank)
-    return Check("ports", "pass", ", ".join(f"{n} {p} free" for n, p in ports.items()), rank)
+        return PreflightCheck("ports", "fail", f"already listening: {', '.join(taken)}", rank)
+    return PreflightCheck("ports", "pass", ", ".join(f"{n} {p} free" for n, p in ports.items()), rank)
 
 
-def check_memory(facts: HostFacts, utilization: float, gpu_memory_gib: float, rank: int) -> Check:
+def check_memory(facts: HostFacts, utilization: float, gpu_memory_gib: float, rank: int) -> PreflightCheck:
     """vLLM's own rule: it refuses to start when free memory is under utilization x the GPU's memory."""
     avail, need = facts.memory.available, utilization * gpu_memory_gib * GIB
     rule = f"{utilization:g} x {gpu_memory_gib:g} GiB = {need / GIB:.2f} GiB"
     if avail is None:
-        return Check("memory", "warn", f"cannot read MemAvailable on {facts.where}; vLLM needs {rule}", rank)
+        return PreflightCheck("memory", "warn", f"cannot read MemAvailable on {facts.where}; vLLM needs {rule}", rank)
     if avail < need:
         # MemAvailable already counts the page cache the kernel can reclaim: dropping it would not raise it.
-        return Check("memory", "fail", f"MemAvailable {avail / GIB:.2f} GiB < {rule}: vLLM would refuse to start; "
+        return PreflightCheck("memory", "fail", f"MemAvailable {avail / GIB:.2f} GiB < {rule}: vLLM would refuse to start; "
                                        "stop other containers or processes using memory to free "
                                        f"{(need - avail) / GIB:.2f} GiB more on {facts.where}", rank)
-    return Check("memory", "pass", f"MemAvailable {avail / GIB:.2f} GiB >= {rule}", rank)
+    return PreflightCheck("memory", "pass", f"MemAvailable {avail / GIB:.2f} GiB >= {rule}", rank)
 
 
-def host_checks(facts: HostFacts, plan: LaunchPlan, rank: int) -> list[Check]:
+def host_checks(facts: HostFacts, plan: LaunchPlan, rank: int) -> list[PreflightCheck]:
     """The facts `sparkstack tune` sets, and free memory by vLLM's rule, on one rank."""
     checks = [check_memory(facts, plan.gpu_memory_utilization, plan.recipe.gpu_memory_gib, rank)]
     if facts.swappiness != "0":
-        checks.append(Check("swappiness", "fail", f"vm.swappiness is {facts.swappiness or 'unreadable'}; set 0 "
+        checks.append(PreflightCheck("swappiness", "fail", f"vm.swappiness is {facts.swappiness or 'unreadable'}; set 0 "
                                                   "(`sparkstack tune`)", rank))
     else:
-        checks.append(Check("swappiness", "pass", "vm.swappiness = 0", rank))
+        checks.append(PreflightCheck("swappiness", "pass", "vm.swappiness = 0", rank))
     persisted = facts.persisted_swappiness
     if persisted is None or persisted.value != "0":
         now = "not set at boot" if persisted is None else f"{persisted.value} at boot (from {persisted.file})"
-        checks.append(Check("swappiness-persisted", "warn", f"vm.swappiness is {now}: a reboot loses 0 "
+        checks.append(PreflightCheck("swappiness-persisted", "warn", f"vm.swappiness is {now}: a reboot loses 0 "
                                                             "(`sparkstack tune` persists it)", rank))
     else:
-        checks.append(Check("swappiness-persisted", "pass", f"0 at boot (from {persisted.file})", rank))
+        checks.append(PreflightCheck("swappiness-persisted", "pass", f"0 at boot (from {persisted.file})", rank))
     swap = ", ".join(facts.swaps)
-    checks.append(Check("swap", "pass", f"on: {swap}" if swap else "off", rank))
+    checks.append(PreflightCheck("swap", "pass", f"on: {swap}" if swap else "off", rank))
     if facts.gpus is None:
-        checks.append(Check("gpu", "warn", f"{facts.gpu_problem}: persistence mode and clock cap unknown", rank))
+        checks.append(PreflightCheck("gpu", "warn", f"{facts.gpu_problem}: persistence mode and clock cap unknown", rank))
         return checks
     modes = ", ".join(facts.gpus.persistence)
     on = all(m == "Enabled" for m in facts.gpus.persistence)
-    checks.append(Check("persistence-mode", "pass" if on else "warn",
+    checks.append(PreflightCheck("persistence-mode", "pass" if on else "warn",
                         modes if on else f"{modes}: the clock cap may not hold (`sparkstack tune`)", rank))
     want = plan.recipe.clock_cap
     unmet = facts.clock_cap_unmet(want)
     if unmet is None:
-        checks.append(Check("clock-cap", "pass", f"{want} MHz, set this boot by sparkstack tune", rank))
+        checks.append(PreflightCheck("clock-cap", "pass", f"{want} MHz, set this boot by sparkstack tune", rank))
     else:
-        checks.append(Check("clock-cap", "warn", f"{unmet}; the published numbers were measured at {want} "
+        checks.append(PreflightCheck("clock-cap", "warn", f"{unmet}; the published numbers were measured at {want} "
                                                  "(`sparkstack tune`)", rank))
     return checks
 
 
-def rank_host_checks(plan: LaunchPlan, runner: Runner, root: Path, rank: int) -> list[Check]:
+def rank_host_checks(plan: LaunchPlan, runner: Runner, root: Path, rank: int) -> list[PreflightCheck]:
     try:
         return host_checks(read_facts(runner, str(root.absolute())), plan, rank)
     except SparkstackError as exc:
-        return [Check("host-facts", "fail", f"cannot read the host facts: {exc}", rank)]
+        return [PreflightCheck("host-facts", "fail", f"cannot read the host facts: {exc}", rank)]
 
 
-def check_disk(path: Path, t: Thresholds, rank: int) -> Check:
+def check_disk(path: Path, t: Thresholds, rank: int) -> PreflightCheck:
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < t.min_free_disk_gib * GIB:
-        return Check("disk", "warn", f"{free / GIB:.1f} GiB free under {probe}", rank)
-    return Check("disk", "pass", f"{free / GIB:.1f} GiB free under {probe}", rank)
+        return PreflightCheck("disk", "warn", f"{free / GIB:.1f} GiB free under {probe}", rank)
+    return PreflightCheck("disk", "pass", f"{free / GIB:.1f} GiB free under {probe}", rank)
 
 
 def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool,
-                   serves_mtp_reason: str | None = None) -> list[Check]:
+                   serves_mtp_reason: str | None = None) -> list[PreflightCheck]:
     """The snapshot exists and every shard the index names is there, at the size its header implies."""
     if revision is None:
-        return [Check(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable")]
+        return [PreflightCheck(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable")]
     state = snapshot_state(hub / cache_name, revision)
-    checks = [Check(f"{label}-snapshot", "pass" if state.complete else "fail", state.detail)]
+    checks = [PreflightCheck(f"{label}-snapshot", "pass" if state.complete else "fail", state.detail)]
     if state.complete and want_template:
         ok = state.has(CHAT_TEMPLATE)
-        checks.append(Check("chat-template", "pass" if ok else "warn",
+        checks.append(PreflightCheck("chat-template", "pass" if ok else "warn",
                             f"{CHAT_TEMPLATE} present" if ok else f"{CHAT_TEMPLATE} missing: image requests will return 500"))
         snap = snapshot_dir(hub / cache_name, revision)
         config = _read_config(snap)
@@ -383,25 +317,25 @@ def _read_config(snap: Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def _modelopt_check(snap: Path, config: dict | None) -> Check:
+def _modelopt_check(snap: Path, config: dict | None) -> PreflightCheck:
     quant = (config or {}).get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     method = method if isinstance(method, str) else ""
     # quant_method is "modelopt" (vLLM's own names add a suffix: modelopt_fp4); older exports only ship hf_quant_config.json.
     if method.lower().startswith("modelopt") or (snap / "hf_quant_config.json").exists():
-        return Check("quantization", "warn", f"ModelOpt checkpoint (quant_method {method or 'from hf_quant_config.json'}): "
+        return PreflightCheck("quantization", "warn", f"ModelOpt checkpoint (quant_method {method or 'from hf_quant_config.json'}): "
                                              "may emit corrupted token ids (vLLM #54150); the compressed-tensors "
                                              "build avoids it at ~25% lower step rate")
-    return Check("quantization", "pass", f"quant_method {method}" if method else "not quantized by ModelOpt")
+    return PreflightCheck("quantization", "pass", f"quant_method {method}" if method else "not quantized by ModelOpt")
 
 
-def _mtp_strip_check(snap: Path, config: dict | None, state: SnapshotState) -> Check:
+def _mtp_strip_check(snap: Path, config: dict | None, state: SnapshotState) -> PreflightCheck:
     """The served snapshot must be stripped: the loader reads every shard file, so MTP tensors on disk still load."""
     if config is None:
-        return Check("mtp-strip", "fail", f"{snap / 'config.json'} is missing or not a JSON object")
+        return PreflightCheck("mtp-strip", "fail", f"{snap / 'config.json'} is missing or not a JSON object")
     left = mtp_levels_left(config)  # strip's own rule
     if left:
-        return Check("mtp-strip", "fail", f"{'; '.join(left)}, not 0: MTP is not stripped (run `sparkstack strip`)")
+        return PreflightCheck("mtp-strip", "fail", f"{'; '.join(left)}, not 0: MTP is not stripped (run `sparkstack strip`)")
     try:
         layers = num_hidden_layers(config).value
         shards = sorted(f for f in state.files if f.endswith(".safetensors"))
@@ -412,32 +346,32 @@ def _mtp_strip_check(snap: Path, config: dict | None, state: SnapshotState) -> C
                 names = [t.name for t in read_header(snap / shard, shard).tensors]
             keys = mtp_keys(names, layers)
             if keys:
-                return Check("mtp-strip", "fail", f"{shard} still holds {len(keys)} MTP tensor(s), e.g. {keys[0]} "
+                return PreflightCheck("mtp-strip", "fail", f"{shard} still holds {len(keys)} MTP tensor(s), e.g. {keys[0]} "
                                                   "(the loader reads every shard file; run `sparkstack strip` without --index-only)")
     except SparkstackError as exc:
-        return Check("mtp-strip", "fail", str(exc))
-    return Check("mtp-strip", "pass", f"num_nextn_predict_layers = 0, no MTP tensor in {len(shards)} shard(s)")
+        return PreflightCheck("mtp-strip", "fail", str(exc))
+    return PreflightCheck("mtp-strip", "pass", f"num_nextn_predict_layers = 0, no MTP tensor in {len(shards)} shard(s)")
 
 
-def mtp_served_check(config: dict | None, strip: Check, reason: str) -> Check:
+def mtp_served_check(config: dict | None, strip: PreflightCheck, reason: str) -> PreflightCheck:
     """A recipe that serves its MTP layers on purpose: not stripped is what it asks for. Still a failure when the
     config says 0 MTP layers while shards hold them: then the loader does not skip them and the load fails."""
     if strip.status == "pass":
-        return Check("mtp-strip", "pass", f"{strip.detail} (the recipe would serve MTP on purpose)")
+        return PreflightCheck("mtp-strip", "pass", f"{strip.detail} (the recipe would serve MTP on purpose)")
     left = mtp_levels_left(config) if config is not None else []
     if not left:
         return strip
-    return Check("mtp-strip", "pass", f"served with its MTP layers on purpose ({'; '.join(left)}): {reason}")
+    return PreflightCheck("mtp-strip", "pass", f"served with its MTP layers on purpose ({'; '.join(left)}): {reason}")
 
 
-def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds) -> list[Check]:
+def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds) -> list[PreflightCheck]:
     head = plan.ranks[0]
     checks = []
     if plan.recipe.blocked:
-        checks.append(Check("recipe", "warn" if force else "fail",
+        checks.append(PreflightCheck("recipe", "warn" if force else "fail",
                             f"recipe {plan.recipe.name} is blocked: {plan.recipe.blocked_reason}" + (" (--force)" if force else "")))
     else:
-        checks.append(Check("recipe", "pass", f"{plan.recipe.name} is ok"))
+        checks.append(PreflightCheck("recipe", "pass", f"{plan.recipe.name} is ok"))
     checks += [
         check_nic(host_root, head.nic, 0),
         check_hca(host_root, head.hca, head.nic, 0),
@@ -454,28 +388,28 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
     checks += revision_checks(plan)
     checks.append(kv_check(plan))
     if "VLLM_API_KEY" not in environ:
-        checks.append(Check("api-key", "warn", "the API binds 0.0.0.0 with no VLLM_API_KEY set: anyone on the network can use it"))
+        checks.append(PreflightCheck("api-key", "warn", "the API binds 0.0.0.0 with no VLLM_API_KEY set: anyone on the network can use it"))
     else:
-        checks.append(Check("api-key", "pass", "VLLM_API_KEY is passed to the container by name"))
+        checks.append(PreflightCheck("api-key", "pass", "VLLM_API_KEY is passed to the container by name"))
     return checks
 
 
-def revision_checks(plan: LaunchPlan) -> list[Check]:
+def revision_checks(plan: LaunchPlan) -> list[PreflightCheck]:
     """A pinned snapshot is served whatever refs/main says; say so when refs/main names another one."""
     checks = []
     for s in plan.served:
         if not s.pinned:
             continue
         if s.ref_main in (None, s.revision):
-            checks.append(Check(f"{s.label}-revision", "pass", f"{s.cache_name}: serving the pinned {s.revision[:12]}"))
+            checks.append(PreflightCheck(f"{s.label}-revision", "pass", f"{s.cache_name}: serving the pinned {s.revision[:12]}"))
         else:
-            checks.append(Check(f"{s.label}-revision", "warn", f"{s.cache_name}: serving the pinned {s.revision[:12]}, but "
+            checks.append(PreflightCheck(f"{s.label}-revision", "warn", f"{s.cache_name}: serving the pinned {s.revision[:12]}, but "
                                 f"refs/main names {s.ref_main[:12]}: strip and ship follow refs/main (run `sparkstack "
                                 "fetch`, and strip again for a stripped entry)"))
     return checks
 
 
-def worker_snapshot_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list[Check]:
+def worker_snapshot_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list[PreflightCheck]:
     """Each rank reached over ssh holds the very snapshots the argv names, whole: checked there with its own
     python3, reading only (a rank on this machine shares the head's hub, checked above)."""
     checks = []
@@ -489,44 +423,44 @@ def worker_snapshot_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list
             proc = runner.run(probe_argv(rank.hub, s.cache_name, s.revision), timeout=120)
             found = probe_result(proc.stdout) if proc.returncode == 0 else None
             if found is None:
-                checks.append(Check(f"{s.label}-snapshot", "fail", f"cannot check {s.cache_name} on {runner.label}: "
+                checks.append(PreflightCheck(f"{s.label}-snapshot", "fail", f"cannot check {s.cache_name} on {runner.label}: "
                                                                    f"{failure_line(proc)}", rank.rank))
                 continue
             complete, detail = found
-            checks.append(Check(f"{s.label}-snapshot", "pass" if complete else "fail",
+            checks.append(PreflightCheck(f"{s.label}-snapshot", "pass" if complete else "fail",
                                 f"{s.cache_name}@{s.revision[:12]}: {detail}" + (
                                     "" if complete else f"; run `sparkstack ship {rank.host}`"), rank.rank))
     return checks
 
 
-def kv_check(plan: LaunchPlan) -> Check:
-    kv = kv_plan(plan)
+def kv_check(plan: LaunchPlan) -> PreflightCheck:
+    kv = plan_launch_kv(plan)
     if kv.page_unification.ok is False:
-        return Check("kv-plan", "fail", f"KV pages do not unify: {kv.page_unification.reason}")
+        return PreflightCheck("kv-plan", "fail", f"KV pages do not unify: {kv.page_unification.reason}")
     if kv.tokens is None:
-        return Check("kv-plan", "warn", "no KV pin or no measured per-token cost: the pool size is up to the profiler")
+        return PreflightCheck("kv-plan", "warn", "no KV pin or no measured per-token cost: the pool size is up to the profiler")
     if kv.coverage < 1:
-        return Check("kv-plan", "warn", f"{kv.tokens:,} tokens cover {kv.coverage:.2f}x of max-model-len")
-    return Check("kv-plan", "pass", f"{kv.tokens:,} tokens = {kv.coverage:.2f}x max-model-len")
+        return PreflightCheck("kv-plan", "warn", f"{kv.tokens:,} tokens cover {kv.coverage:.2f}x of max-model-len")
+    return PreflightCheck("kv-plan", "pass", f"{kv.tokens:,} tokens = {kv.coverage:.2f}x max-model-len")
 
 
-def _image_check(plan: LaunchPlan, rank: RankPlan, runner: Runner, image_id: str | None, detail: str) -> Check:
+def _image_check(plan: LaunchPlan, rank: RankPlan, runner: Runner, image_id: str | None, detail: str) -> PreflightCheck:
     """Is the image this plan runs on this rank? With --image LAYOUT its config digest must match exactly."""
     want = plan.image_config_digest
     if image_id is None:
         if want and rank.rank == 0 and plan.image_layout is not None:
-            return Check("image", "pass", f"{plan.image} not here yet: launch loads it from {plan.image_layout}", 0)
+            return PreflightCheck("image", "pass", f"{plan.image} not here yet: launch loads it from {plan.image_layout}", 0)
         ship = f"; run `sparkstack ship {rank.host}`" if rank.rank else ""
-        return Check("image", "fail", f"{plan.image} is not present on {runner.label}{ship}: {detail}", rank.rank)
+        return PreflightCheck("image", "fail", f"{plan.image} is not present on {runner.label}{ship}: {detail}", rank.rank)
     if want and image_id != want:
         ship = f"; run `sparkstack ship {rank.host}`" if rank.rank else ""
-        return Check("image", "fail", f"{plan.image} on {runner.label} is {image_id[:19]}, not the built "
+        return PreflightCheck("image", "fail", f"{plan.image} on {runner.label} is {image_id[:19]}, not the built "
                                       f"{want[:19]}{ship}", rank.rank)
-    return Check("image", "pass", f"{plan.image} = {image_id[:19]}", rank.rank)
+    return PreflightCheck("image", "pass", f"{plan.image} = {image_id[:19]}", rank.rank)
 
 
 def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
-                  launching: tuple[int, ...] | None = None) -> list[Check]:
+                  launching: tuple[int, ...] | None = None) -> list[PreflightCheck]:
     """Per-rank checks that need docker: the image (same config digest everywhere), stale containers, gates.
     `launching`: the ranks this launch starts (None: all). A rank launched alone checks its own name for a stale
     container; each other rank is the peer it joins, which the design card's order (rank 1, then rank 0) expects
@@ -545,18 +479,18 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
             continue
         proc = r.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", "{{.Names}} {{.State}}", timeout=30)
         if proc.returncode == 0 and proc.stdout.strip():
-            checks.append(Check("stale-container", "fail", f"a container already holds the name {rank.name} "
+            checks.append(PreflightCheck("stale-container", "fail", f"a container already holds the name {rank.name} "
                                                          f"({proc.stdout.strip()}); run `sparkstack launch stop`", rank.rank))
         elif proc.returncode == 0:
-            checks.append(Check("stale-container", "pass", f"no container named {rank.name}", rank.rank))
+            checks.append(PreflightCheck("stale-container", "pass", f"no container named {rank.name}", rank.rank))
     identity = dict(digests)
     if plan.image_config_digest and 0 not in identity and plan.image_layout is not None:
         identity[0] = plan.image_config_digest  # the head will hold exactly this once launch loads it
     if len(set(identity.values())) > 1:
         detail = ", ".join(f"rank {k}: {v[:19]}" for k, v in sorted(identity.items()))
-        checks.append(Check("image-identity", "fail", f"ranks run different images ({detail}); ship one image to all"))
+        checks.append(PreflightCheck("image-identity", "fail", f"ranks run different images ({detail}); ship one image to all"))
     elif len(identity) == len(plan.ranks):
-        checks.append(Check("image-identity", "pass", f"every rank has {next(iter(identity.values()))[:19]}"))
+        checks.append(PreflightCheck("image-identity", "pass", f"every rank has {next(iter(identity.values()))[:19]}"))
     expected = next(iter(set(identity.values()))) if len(set(identity.values())) == 1 else None
     for rank_no, proc in sorted(peers.items()):
         checks.append(_peer_check(plan.ranks[rank_no], proc, expected))
@@ -573,39 +507,39 @@ def gate_rank(launching: tuple[int, ...] | None) -> int:
     return 0 if not launching or 0 in launching else min(launching)
 
 
-def _peer_check(rank: RankPlan, proc, image: str | None) -> Check:
+def _peer_check(rank: RankPlan, proc, image: str | None) -> PreflightCheck:
     """A rank this launch does not start, but meets at the rendezvous. The design card's order is the workers
     first, then the head: a worker launched before the head waits for it; a head launched alone needs its
     workers running already, on its image."""
     said = proc.stdout.split() if proc.returncode == 0 else []
     if proc.returncode != 0 and "no such" not in (proc.stderr + proc.stdout).lower():
-        return Check("peer", "warn", f"cannot tell whether {rank.name} runs: {failure_line(proc)}", rank.rank)
+        return PreflightCheck("peer", "warn", f"cannot tell whether {rank.name} runs: {failure_line(proc)}", rank.rank)
     restart = ("`sparkstack launch stop`, then the workers (`sparkstack launch 1` ...), then `sparkstack launch 0`")
     if rank.rank == 0:  # a worker launched alone
         if len(said) != 2:
-            return Check("peer", "pass", f"no container {rank.name} yet: the head starts next (`sparkstack launch 0`), "
+            return PreflightCheck("peer", "pass", f"no container {rank.name} yet: the head starts next (`sparkstack launch 0`), "
                                          "and the rank(s) launched now wait for it at the rendezvous", rank.rank)
-        return Check("peer", "warn", f"{rank.name} is {said[0]} already: a worker joins the head only while the head "
+        return PreflightCheck("peer", "warn", f"{rank.name} is {said[0]} already: a worker joins the head only while the head "
                                      f"waits at the rendezvous; if it serves already, {restart}", rank.rank)
     # A head launched before its workers is not wrong (vLLM's rendezvous waits for them), only out of the order:
     # said, not refused.
     if len(said) != 2:
-        return Check("peer", "warn", f"no container {rank.name}: the head waits for it at the rendezvous until its "
+        return PreflightCheck("peer", "warn", f"no container {rank.name}: the head waits for it at the rendezvous until its "
                                      f"boot times out; the order is the workers first (`sparkstack launch {rank.rank}`)",
                      rank.rank)
     state, running_image = said
     if state != "running":
-        return Check("peer", "warn", f"{rank.name} is {state}: the head waits for it at the rendezvous; {restart}",
+        return PreflightCheck("peer", "warn", f"{rank.name} is {state}: the head waits for it at the rendezvous; {restart}",
                      rank.rank)
     if image is not None and running_image != image:
-        return Check("peer", "fail", f"{rank.name} runs image {running_image[:19]}, this launch {image[:19]}: "
+        return PreflightCheck("peer", "fail", f"{rank.name} runs image {running_image[:19]}, this launch {image[:19]}: "
                                      f"ranks on different images; {restart}, after shipping one image to all",
                      rank.rank)
-    return Check("peer", "pass", f"{rank.name} is running{f' on {image[:19]}' if image else ''}: this launch joins it",
+    return PreflightCheck("peer", "pass", f"{rank.name} is running{f' on {image[:19]}' if image else ''}: this launch joins it",
                  rank.rank)
 
 
-def argv_gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
+def argv_gate_checks(plan: LaunchPlan, runner: Runner) -> list[PreflightCheck]:
     """Each rank's engine argv, judged in a throwaway container by the image's own vLLM parser (ARGV_GATE): seconds,
     no GPU, before a boot that takes 15 minutes. Every rank runs the one image, so the head judges them all."""
     out = []
@@ -614,7 +548,7 @@ def argv_gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
                                 "-c", ARGV_GATE, *rank.engine_argv, timeout=300)
         said = ran.stdout.strip().splitlines()
         line = said[-1] if said else failure_line(ran)
-        out.append(Check("vllm-argv", "pass" if ran.returncode == 0 else "fail",
+        out.append(PreflightCheck("vllm-argv", "pass" if ran.returncode == 0 else "fail",
                          line if ran.returncode in (0, 1, 2) and said else f"the argv gate did not run: {line}",
                          rank.rank))
     return out
@@ -632,28 +566,28 @@ def _gates_from_label(label: str) -> list[tuple[str, ...]] | None:
     return [tuple(g) for g in doc]
 
 
-def gate_checks(plan: LaunchPlan, runner: Runner) -> list[Check]:
+def gate_checks(plan: LaunchPlan, runner: Runner) -> list[PreflightCheck]:
     proc = runner.run_docker("image", "inspect", "--format", '{{index .Config.Labels "org.sparkstack.gates.runtime"}}',
                              plan.image, timeout=30)
     label = proc.stdout.strip() if proc.returncode == 0 else ""
     gates = _gates_from_label(label) if label else list(DEFAULT_GATES)
     if gates is None:
-        return [Check("gate", "fail", f"{plan.image}: label org.sparkstack.gates.runtime is not a list of argv lists "
+        return [PreflightCheck("gate", "fail", f"{plan.image}: label org.sparkstack.gates.runtime is not a list of argv lists "
                                       "of strings; refusing to run it", 0)]
     gates += [g for g in load_format_gates(plan) if g not in gates]
     out = []
     for gate in gates:
         ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", gate[0], plan.image, *gate[1:], timeout=300)
         label = gate[-1][:60]
-        out.append(Check("gate", "pass" if ran.returncode == 0 else "fail",
+        out.append(PreflightCheck("gate", "pass" if ran.returncode == 0 else "fail",
                          label if ran.returncode == 0 else f"{label}: {failure_line(ran)}", 0))
     return out
 
 
 def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] | None, force: bool, gates: bool,
                   environ: dict, thresholds: Thresholds = Thresholds(),
-                  on_check: Callable[[Check], None] | None = None, dry_run: bool = False,
-                  launching: tuple[int, ...] | None = None) -> list[Check]:
+                  on_check: Callable[[PreflightCheck], None] | None = None, dry_run: bool = False,
+                  launching: tuple[int, ...] | None = None) -> list[PreflightCheck]:
     """Under `dry_run`, runners may only be asked read-only questions: the gates, which start a container, are skipped."""
     checks = local_checks(plan, host_root, force, environ, thresholds)
     if runners is not None:
@@ -663,13 +597,13 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
         checks += worker_snapshot_checks(plan, runners)
         checks += docker_checks(plan, runners, gates and not dry_run, launching)
         if gates and not dry_run and not any(c.name in ("gate", "vllm-argv") for c in checks):
-            checks.append(Check("gate", "skip", f"the head does not hold {plan.image} yet: the gates run once launch "
+            checks.append(PreflightCheck("gate", "skip", f"the head does not hold {plan.image} yet: the gates run once launch "
                                                 "has loaded it, before any rank starts", 0))
         if gates and dry_run:
-            checks.append(Check("gate", "skip", "the runtime gates and the vLLM argv gate start a throwaway container: "
+            checks.append(PreflightCheck("gate", "skip", "the runtime gates and the vLLM argv gate start a throwaway container: "
                                                 "not under --dry-run", 0))
     else:
-        checks.append(Check("image", "skip", "docker checks need --probe (or run without --dry-run)"))
+        checks.append(PreflightCheck("image", "skip", "docker checks need --probe (or run without --dry-run)"))
     if on_check:
         for c in checks:
             on_check(c)

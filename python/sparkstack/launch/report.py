@@ -6,12 +6,12 @@ import shlex
 
 from sparkstack.launch.calibrate import measure_record
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import Check
+from sparkstack.launch.preflight import PreflightCheck
 from sparkstack.launch.confirm import confirm_lines
 from sparkstack.launch.timeline import timeline_lines
 from sparkstack.recipe.kv import KvPlan
 
-def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[Check],
+def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[PreflightCheck],
                      drop_caches: bool) -> dict:
     """`launch --dry-run --json`: one rank prints its own object (with `docker_run`); `all` always prints `ranks`."""
     doc = plan.to_json()
@@ -23,7 +23,7 @@ def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], ch
     return {**{k: v for k, v in doc.items() if k != "ranks"}, **selected[0].to_json(), **extra}
 
 
-def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check]) -> dict | None:
+def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[PreflightCheck]) -> dict | None:
     """With --image LAYOUT, apply loads it on the head unless the head already holds its config digest."""
     if plan.image_layout is None or 0 not in [r.rank for r in selected]:
         return None
@@ -34,7 +34,7 @@ def _would_load(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check])
             "if_missing": not known}
 
 
-def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check], drop_caches: bool) -> list[str]:
+def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[PreflightCheck], drop_caches: bool) -> list[str]:
     """The human form of dry_run_document."""
     r = plan.recipe
     lines = [f"recipe {r.name} ({r.status}{': ' + r.blocked_reason if r.blocked else ''}), profile {plan.profile}"]
@@ -53,7 +53,7 @@ def dry_run_lines(plan: LaunchPlan, selected: list[RankPlan], checks: list[Check
     return lines
 
 
-def preflight_verdict(checks: list[Check]) -> str | None:
+def preflight_verdict(checks: list[PreflightCheck]) -> str | None:
     """None when launch may go on; else the one line that says why not."""
     failed = [c for c in checks if c.status == "fail"]
     if not failed:
@@ -105,4 +105,15 @@ def started_lines(run) -> list[str]:
     if run.guard is not None:
         lines.append(f"memory guard: stopped with the boot watch; acted {len(run.guard.fired)} time(s)")
     lines.append(f"run record: {run.record}")
+    return lines
+
+
+def last_up_lines(record: dict | None) -> list[str]:
+    """The last `up`'s record, as `launch status` shows it: one line per stage."""
+    if not record:
+        return []
+    lines = [f"last up: recipe {record.get('recipe')}, {record.get('started_at')} ({record.get('record')})"]
+    for r in record.get("stages", []):
+        took = f" in {r.get('seconds', 0):.1f} s" if r.get("outcome") in ("done", "failed", "cut") else ""
+        lines.append(f"  {r.get('stage')}: {r.get('outcome')}{took}")
     return lines

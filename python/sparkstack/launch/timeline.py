@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sparkstack.launch.bootlines import BOOT_LINES, PHASES, BootLine
-from sparkstack.launch.kv import kv_plan
+from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan
 
 GIB = 1 << 30
@@ -133,7 +133,8 @@ def parse_rank(rank: int, logs: str, started: float) -> RankTimeline:
 
 @dataclass(frozen=True)
 class KvPool:
-    """The KV pool is the minimum across ranks (FACTS.md §4); in tokens through the recipe's measured bytes per token."""
+    """The KV pool is the minimum across ranks (each profiles its own; the worker usually 3.0-4.8 GiB less than the
+    head); in tokens through the recipe's measured bytes per token."""
 
     kv_bytes: int
     smallest_rank: int
@@ -153,7 +154,7 @@ def kv_pool(plan: LaunchPlan, timelines: list[RankTimeline]) -> KvPool | None:
     smallest = min(reported, key=lambda t: t.kv_gib)
     # vLLM prints GiB to two decimals: the bytes are that figure's, good to about 5 MiB.
     pool_bytes = round(smallest.kv_gib * GIB)
-    kv = kv_plan(plan, pool_bytes)
+    kv = plan_launch_kv(plan, pool_bytes)
     return KvPool(pool_bytes, smallest.rank, tuple(t.rank for t in reported), kv.tokens, kv.per_token_bytes)
 
 

@@ -17,6 +17,7 @@ from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import (
     DOCKER_MANIFEST_V2, LAYER_GZIP, LAYER_TAR, LAYER_ZSTD, MANIFEST_V1, OCI_EQUIVALENT,
 )
+from sparkstack.text import quoted
 
 MAX_DOCUMENT = 64 << 20  # index.json, manifests and configs are small; refuse to buffer more
 MAX_SIZE = (1 << 63) - 1  # descriptor sizes are int64 in every Go implementation
@@ -39,10 +40,10 @@ def _fail(where: str, key: str, problem: str) -> SparkstackError:
 
 
 def _show(value: object) -> str:
+    """A document's value in an error: a list or an object by its kind alone, anything else quoted."""
     if isinstance(value, (list, dict)):
         return f"a list of {len(value)}" if isinstance(value, list) else "an object"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return quoted(value, 80)
 
 
 def _sub(key: str, name: str | int) -> str:

@@ -273,10 +273,11 @@ def moved(old: Pins, new: Pins) -> list[str]:
 # ---------------------------------------------------------------- pin base: plan, apply
 
 
-# Where a pinned base comes from, for the bases the blog names (FACTS.md §2): its Dockerfile builds `FROM` a tag
+# Where a pinned base comes from, for the bases the blog names: its Dockerfile builds `FROM` a tag
 # that is only the upstream's local build-stage name; the public copy of that build is what sparkstack pins.
+BLOG_BASE = "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8"  # what a new pins file pins, when nothing else says
 PROVENANCE = {
-    "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8": (
+    BLOG_BASE: (
         "radixark/vllm-glm53-flash:sm121-v8",
         "the blog builds FROM radixark/vllm-glm53-flash:sm121-v8, the upstream's local build-stage name (no registry "
         "serves it); ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8 is its public copy"),
@@ -387,7 +388,7 @@ def apply_pin_base(plan: PinBasePlan) -> bool:
 
 
 @dataclass(frozen=True)
-class FetchPlan:
+class BlobFetchPlan:
     pins_path: Path
     reference: str
     registry: str
@@ -438,7 +439,7 @@ def _existing_matches(out: Path, digest: str, size: int | None) -> bool:
     raise SparkstackError(f"{out}: exists and is not {digest}; refusing to replace it (remove it yourself)")
 
 
-def plan_fetch(digest: str, pins_path: Path, out: Path) -> FetchPlan:
+def plan_blob_fetch(digest: str, pins_path: Path, out: Path) -> BlobFetchPlan:
     """Which pinned object DIGEST is and where it comes from; reads only the pins file (and --out)."""
     try:
         digest_hex(digest)
@@ -449,11 +450,11 @@ def plan_fetch(digest: str, pins_path: Path, out: Path) -> FetchPlan:
     if found is None:
         raise SparkstackError(f"{digest} is not named in {pins_path}; refusing to fetch an unpinned object")
     kind, desc, what = found
-    return FetchPlan(pins_path, pins.reference, pins.registry, pins.repository, digest, kind, desc.media_type,
+    return BlobFetchPlan(pins_path, pins.reference, pins.registry, pins.repository, digest, kind, desc.media_type,
                      desc.size, what, out, _existing_matches(out, digest, desc.size))
 
 
-def apply_fetch(plan: FetchPlan, on_progress: Callable[[int], None] | None = None, check_digest: bool = True) -> bool:
+def apply_blob_fetch(plan: BlobFetchPlan, on_progress: Callable[[int], None] | None = None, check_digest: bool = True) -> bool:
     """Download, verify and publish atomically. Returns False when --out already held the object.
 
     The bytes go to a temp file beside --out, are checked (size and sha256, and for a manifest

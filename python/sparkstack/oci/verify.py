@@ -17,7 +17,7 @@ from sparkstack.oci.source import BlobSource, DockerArchive, LayoutDir, TarArchi
 
 
 @dataclass(frozen=True)
-class VerifyPlan:
+class ImageVerifyPlan:
     """What `image verify` would check, from the image's documents alone: no layer is hashed."""
 
     path: Path
@@ -33,11 +33,11 @@ class VerifyPlan:
                 "layers": [{"digest": l.digest, "size": l.size, "diff_id": l.diff_id} for l in img.layers]}
 
 
-def plan_verify(path: Path, platform: str | None) -> VerifyPlan:
+def plan_image_verify(path: Path, platform: str | None) -> ImageVerifyPlan:
     """Read the image's documents (index, manifest, config) and close it again."""
     src, img = open_image(path, platform)
     src.close()
-    return VerifyPlan(path, img)
+    return ImageVerifyPlan(path, img)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ shlex.join, so the system ssh is driven directly.)
 
 A runner may also reach its host on another address (the fabric) with the same host
 key (`HostKeyAlias`), and may ask for bulk-transfer options: AES-GCM ciphers first
-(about 2.5x faster than chacha20-poly1305 on x86, FACTS.md §7), never compression.
+(about 2.5x faster than chacha20-poly1305 on x86), never compression.
 """
 
 from __future__ import annotations

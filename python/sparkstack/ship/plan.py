@@ -18,7 +18,8 @@ from sparkstack.units import human_bytes
 
 
 def default_streams(cpus: int | None) -> int:
-    """One ssh stream per core, at most 8 (FACTS.md §7: four verified streams already near the link's use)."""
+    """One ssh stream per core, at most 8 (measured between two Sparks: one ssh copy 0.30-0.44 GB/s, four verified
+    streams 0.55-0.80 GB/s, already near what the link gives)."""
     return max(1, min(cpus or 1, 8))
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..deploy import Deployment
-from ..errors import UsageError
+from sparkstack.deploy import Deployment
+from sparkstack.errors import UsageError
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
 MAX_DURATION_S = 7 * 24 * 3600
@@ -110,7 +110,7 @@ def container_watch(url: str, deployment: Deployment) -> tuple[ContainerWatch | 
             f"container {head.name} watched once per window (launch status)")
 
 
-def build_plan(url: str, *, duration_s: float, concurrency: int, categories: tuple[str, ...], window_s: float,
+def plan_soak(url: str, *, duration_s: float, concurrency: int, categories: tuple[str, ...], window_s: float,
                max_requests: int | None, log: Path, health_interval_s: float, dead_after_s: float, max_tokens: int,
                temperature: float, top_p: float, model: str | None, request_timeout_s: float,
                deployment: Deployment | None = None) -> SoakPlan:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from ..endpoint import timing
-from ..endpoint.client import printable
-from ..endpoint.metrics import ServerTiming, SpecDelta, add_timings
-from ..endpoint.stats import implausible_logprob, mean, percentile, spread
-from ..units import ms
-from ..units import rounded as _r
-from .plan import human_duration
+from sparkstack.endpoint import timing
+from sparkstack.endpoint.metrics import ServerTiming, SpecDelta, add_timings
+from sparkstack.endpoint.stats import implausible_logprob, mean, percentile, spread
+from sparkstack.soak.plan import human_duration
+from sparkstack.text import printable
+from sparkstack.units import ms
+from sparkstack.units import rounded as _r
 
 QUANTILES = (50, 90, 99)
 HOUR_S = 3600.0

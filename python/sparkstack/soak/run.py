@@ -18,13 +18,14 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .. import interrupt
-from ..endpoint import metrics
-from ..endpoint.client import Endpoint, EndpointError, printable
-from ..errors import SparkstackError
-from ..verify.run import mask_key
-from . import report
-from .plan import SoakPlan
+from sparkstack import interrupt
+from sparkstack.endpoint import metrics
+from sparkstack.endpoint.client import Endpoint, EndpointError
+from sparkstack.errors import SparkstackError
+from sparkstack.soak import report
+from sparkstack.soak.plan import SoakPlan
+from sparkstack.text import printable
+from sparkstack.verify.run import mask_key
 
 ERROR_PAUSE_S = 0.5   # a stream waits this long after a failed request, so a failing server is not hammered
 DRAIN_S = 60.0        # at the end, requests in flight get this long to finish
@@ -249,8 +250,8 @@ class Soak:
 
     def _container_start(self) -> float | None:
         """The head container's start time (epoch s) from launch's status; None when not running or unknown."""
-        from ..deploy import runner_for
-        from ..launch import apply as launch_apply
+        from sparkstack.deploy import runner_for
+        from sparkstack.launch import apply as launch_apply
 
         d = self.plan.container.deployment
         try:

@@ -52,7 +52,7 @@ class StripResult:
                 + f"; {human_bytes(plan.bytes_to_write)} written, {human_bytes(plan.bytes_freed)} freed"]
 
 
-def apply_plan(plan: StripPlan, on_progress: Callable[[int], None] | None = None,
+def apply_strip(plan: StripPlan, on_progress: Callable[[int], None] | None = None,
                on_wait: Callable[[Path, int | None], None] = lambda dest, pid: None) -> StripResult:
     """`on_wait(dest, holder_pid)` is called once if another strip of the same destination holds it."""
     if plan.up_to_date:

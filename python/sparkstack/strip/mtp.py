@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkstack.errors import SparkstackError
-from sparkstack.safetensors_header import show
+from sparkstack.text import quoted
 
 # The published GLM-5.3-Flash main stack has 45 layers; MTP sits at index 45.
 DEFAULT_NUM_HIDDEN_LAYERS = 45
@@ -68,7 +68,7 @@ def num_hidden_layers(config: dict[str, Any], path: str = "config.json") -> Laye
         key = "num_hidden_layers" if where == "config.json" else "text_config.num_hidden_layers"
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_NUM_HIDDEN_LAYERS:
             raise SparkstackError(f"{path}: {key} must be an integer from 1 to {MAX_NUM_HIDDEN_LAYERS}, "
-                                  f"got {show(value)}")
+                                  f"got {quoted(value)}")
     if len(set(found.values())) > 1:
         raise SparkstackError(f"{path}: num_hidden_layers disagrees between levels: {found}")
     if not found:

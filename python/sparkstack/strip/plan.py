@@ -13,8 +13,9 @@ from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import ModelSource, SourceFile, read_ref, snapshot_dir
 from sparkstack.safetensors_header import (JsonRefused, ShardHeader, TensorEntry, encode_header, json_kind,
-                                           read_header, show, strict_json)
+                                           read_header, strict_json)
 from sparkstack.strip.mtp import config_without_mtp, is_mtp_key, num_hidden_layers, numbered_outside_text_stack
+from sparkstack.text import quoted
 from sparkstack.units import human_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -84,6 +85,11 @@ class StripPlan:
         return sum(s.out_size for s in self.shards if s.action == "rewrite") + sum(len(d) for _, d in self.new_files)
 
     @property
+    def bytes_to_copy(self) -> int:
+        """Tensor bytes the rewrite copies: what apply's progress counts (the headers are written, not copied)."""
+        return sum(s.out_size - len(s.new_prefix) for s in self.shards if s.action == "rewrite")
+
+    @property
     def bytes_freed(self) -> int:
         return sum(s.source.size - s.out_size for s in self.shards if s.action != "link")
 
@@ -130,7 +136,7 @@ def _check_config(config: Any, path: Path) -> dict[str, Any]:
     text = config.get("text_config")
     # null is how transformers serialises "no sub-config"; anything else must be an object we can edit.
     if text is not None and not isinstance(text, dict):
-        raise SparkstackError(f"{path}: text_config must be an object, not {json_kind(text)} {show(text)}")
+        raise SparkstackError(f"{path}: text_config must be an object, not {json_kind(text)} {quoted(text)}")
     return config
 
 
@@ -145,7 +151,7 @@ def _check_index(index: Any, path: Path) -> tuple[dict[str, str], dict[str, Any]
         raise SparkstackError(f"{path}: weight_map must be an object of tensor name -> shard file, not {json_kind(wm)}")
     metadata = index.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise SparkstackError(f"{path}: metadata must be an object, not {json_kind(metadata)} {show(metadata)}")
+        raise SparkstackError(f"{path}: metadata must be an object, not {json_kind(metadata)} {quoted(metadata)}")
     return {k: _safe_shard_name(k, v, path) for k, v in wm.items()}, metadata or {}
 
 
@@ -155,14 +161,14 @@ def _dump_json(doc: Any) -> bytes:
 
 def _safe_shard_name(key: str, name: object, where: Path) -> str:
     if not isinstance(name, str) or not name:
-        raise SparkstackError(f"{where}: weight_map entry {show(key)} is not a file name: {show(name)}")
+        raise SparkstackError(f"{where}: weight_map entry {quoted(key)} is not a file name: {quoted(name)}")
     norm = posixpath.normpath(name)
     if name.startswith("/") or "\\" in name or norm.startswith("../") or norm == ".." or norm != name:
-        raise SparkstackError(f"{where}: weight_map entry {show(key)} points outside the model dir: {show(name)}")
+        raise SparkstackError(f"{where}: weight_map entry {quoted(key)} points outside the model dir: {quoted(name)}")
     return name
 
 
-def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) -> StripPlan:
+def plan_strip(source: ModelSource, dest_root: Path, index_only: bool = False) -> StripPlan:
     """Read config, index and shard headers, and decide every file's fate. Writes nothing."""
     _refuse_overlap(source.root, dest_root)
     outputs.claim_dir(dest_root, COMMAND)
@@ -191,14 +197,14 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
     for name in shard_names:
         sf = source.file(name)
         if sf is None:
-            raise SparkstackError(f"{index_path}: names shard {show(name)}, which is not in {source.model_dir}")
+            raise SparkstackError(f"{index_path}: names shard {quoted(name)}, which is not in {source.model_dir}")
         header = read_header(sf.path, shown=str(source.model_dir / name))
         shards.append((sf, header))
 
     present = {(sf.relpath, t.name) for sf, h in shards for t in h.tensors}
     for key, shard in weight_map.items():
         if (shard, key) not in present:
-            raise SparkstackError(f"{index_path}: maps {show(key)} to {show(shard)}, but that shard has no such tensor")
+            raise SparkstackError(f"{index_path}: maps {quoted(key)} to {quoted(shard)}, but that shard has no such tensor")
 
     shard_plans = tuple(_plan_shard(sf, h, layers.value, index_only) for sf, h in shards)
     dropped = {k for s in shard_plans for k in s.dropped}
@@ -211,7 +217,7 @@ def make_plan(source: ModelSource, dest_root: Path, index_only: bool = False) ->
     outside = numbered_outside_text_stack((t.name for _, h in shards for t in h.tensors), layers.value)
     if outside:
         warnings.append(f"{len(outside)} tensor(s) outside the language model's decoder stack have a layer index "
-                        f">= num_hidden_layers ({layers.value}) and are kept, e.g. {show(outside[0])}")
+                        f">= num_hidden_layers ({layers.value}) and are kept, e.g. {quoted(outside[0])}")
 
     new_files = [(CONFIG_NAME, _dump_json(config_without_mtp(config)))]
     if has_index:

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 
 from sparkstack.errors import UsageError
 from sparkstack.launch.apply import boot_id
-from sparkstack.launch.plan import LaunchPlan, build_plan
-from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, Recipe, show
+from sparkstack.launch.plan import LaunchPlan, plan_launch_from_recipe
+from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, Recipe
+from sparkstack.text import quoted as show
 
 MAX_CELLS = 64  # at about 15 minutes a boot, 64 cells are 16 hours
-DEFAULT_BOOT_S = 900.0  # FACTS.md §3: a boot takes about 15 minutes on the Sparks
+DEFAULT_BOOT_S = 900.0  # a cold boot of the pair takes about 15 minutes on the Sparks
 WORKER_LEAD_S = 20.0  # the worker starts first, about 20 s before the head (a record's health_s counts from the head)
 
 # Knobs that say where and how the pair is reached, not how it serves: a sweep that varied them would lose the pair
@@ -137,8 +138,8 @@ def launch_cells(recipe: Recipe, environ: Mapping[str, str], cells: Sequence[Seq
                  profile: str = "production", image=None) -> tuple[CellLaunch, tuple[CellLaunch, ...]]:
     """The baseline's launch (the recipe as it stands in `environ`) and each cell's: deploy's and launch's own plans
     (`image`: deploy's ImageFlag for --image, or None). A cell whose knobs deploy refuses together is that one line."""
-    baseline = CellLaunch.of(build_plan(recipe, environ, profile, image))
-    return baseline, tuple(CellLaunch.of(build_plan(recipe, cell_environ(environ, knobs), profile, image))
+    baseline = CellLaunch.of(plan_launch_from_recipe(recipe, environ, profile, image))
+    return baseline, tuple(CellLaunch.of(plan_launch_from_recipe(recipe, cell_environ(environ, knobs), profile, image))
                            for knobs in cells)
 
 
@@ -165,7 +166,7 @@ class BootEstimate:
 
 def boot_estimates(records: Iterable[dict], recipe: str) -> tuple[BootEstimate, dict[str, BootEstimate]]:
     """From launch's run records: the recipe's typical boot (median time to /health, plus the worker's lead), and
-    each recorded boot identity's own. With none recorded, FACTS.md §3's 15 minutes."""
+    each recorded boot identity's own. With none recorded, a Spark pair's usual 15 minutes."""
     by_id: dict[str, list[float]] = {}
     for r in records:
         boot = r.get("boot") if isinstance(r, dict) else None

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
-from sparkstack.launch.apply import state_dir
+from sparkstack.state import launch_runs_dir, sweeps_dir
 from sparkstack.sweep.plan import SweepPlan, Vary
 
 VERSION = 1
@@ -50,15 +50,15 @@ FINISHED = ("done", "failed")
 MAX_BYTES = 16 << 20
 
 
-def sweeps_dir() -> Path:
-    """`<state>/sweeps`, beside launch's run records (SPARKSTACK_STATE_DIR, else XDG_STATE_HOME/sparkstack)."""
-    return state_dir().parent / "sweeps"
+def state_path(sweep: str) -> Path:
+    """The record of the sweep with this id (sweep_id)."""
+    return sweeps_dir() / f"{sweep}.json"
 
 
 def read_run_records(directory: Path | None = None) -> list[dict]:
     """launch's run records (`<state>/runs/<id>.json`), the unreadable ones left out: boot estimates read them."""
     out = []
-    for path in sorted((directory or state_dir()).glob("*.json")):
+    for path in sorted((directory or launch_runs_dir()).glob("*.json")):
         try:
             doc = json.loads(path.read_bytes()[:MAX_BYTES])
         except (OSError, ValueError, RecursionError):

@@ -1,9 +1,9 @@
 """What `top` shows, computed from a minute of /metrics scrapes. Pure: scrapes in, figures out.
 
-Rates need two scrapes: generation tokens/s and the prefix-cache hit rate (delta hits / delta queries, FACTS §7)
-come from the last two; acceptance length and per-position rates from the oldest scrape of the last minute and
-the newest. Any metric the engine does not export, or exports as NaN or Inf, is None ("n/a" on screen, null in
-JSON), never an error.
+Rates need two scrapes: generation tokens/s and the prefix-cache hit rate (delta hits / delta queries, both counted
+in tokens) come from the last two; acceptance length and per-position rates from the oldest scrape of the last
+minute and the newest. Any metric the engine does not export, or exports as NaN or Inf, is None ("n/a" on screen,
+null in JSON), never an error.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
-from ..endpoint import metrics
-from ..units import finite, rounded
+from sparkstack.endpoint import metrics
+from sparkstack.units import finite, rounded
 
 MINUTE_S = 60.0
 

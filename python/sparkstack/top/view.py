@@ -8,7 +8,7 @@ import time
 from rich.table import Table
 from rich.text import Text
 
-from .sample import History
+from sparkstack.top.sample import History
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 30
@@ -99,3 +99,12 @@ def _caption(state: str, history: History, s, live: bool) -> Text:
     if live:
         parts.append("Ctrl-C quits")
     return Text("; ".join(parts), style="yellow" if state != "ok" else "dim")
+
+
+def live(url: str, interval_s: float, reads, kv_pool_tokens: int | None, pool_note: str) -> None:
+    """The screen, redrawn after each of `reads` ((history, state) pairs), until they end or Ctrl-C."""
+    from rich.live import Live
+
+    with Live(auto_refresh=False, screen=False) as shown:
+        for history, state in reads:
+            shown.update(screen(url, interval_s, history, state, kv_pool_tokens, pool_note, live=True), refresh=True)

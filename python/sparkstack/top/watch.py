@@ -6,10 +6,11 @@ import os
 import time
 from collections.abc import Iterator
 
-from ..deploy import Deployment
-from ..endpoint.client import Endpoint, EndpointError, printable
-from ..errors import SparkstackError
-from .sample import History
+from sparkstack.deploy import Deployment
+from sparkstack.endpoint.client import Endpoint, EndpointError
+from sparkstack.errors import SparkstackError
+from sparkstack.text import printable
+from sparkstack.top.sample import History
 
 UNREACHABLE = ("connect", "timeout")  # EndpointError kinds where nothing answered
 
@@ -58,8 +59,8 @@ def kv_pool(deployment: Deployment | None) -> tuple[int | None, str]:
     """The KV pool in tokens that the recipe's pin buys (launch's KV plan), and a note when unknown."""
     if deployment is None:
         return None, "pool: give --recipe"
-    from ..launch.kv import kv_plan
-    from ..launch.plan import plan_launch
+    from sparkstack.launch.kv import plan_launch_kv
+    from sparkstack.launch.plan import plan_launch
 
-    kv = kv_plan(plan_launch(deployment, os.environ))
+    kv = plan_launch_kv(plan_launch(deployment, os.environ))
     return kv.tokens, "" if kv.tokens is not None else "pool: unknown for this recipe (no KV pin or per-token cost)"

@@ -1,7 +1,7 @@
-"""`sparkstack up`: the whole runbook as one planned, resumable command. It composes; the areas act."""
+"""`sparkstack up`: the whole runbook as one planned, resumable command. It composes the stages' command
+objects (plan/apply, one spelling each); the areas act."""
 
-from sparkstack.up.apply import StageFailed, UpInterrupted, UpResult, apply_up, read_record, record_path
-from sparkstack.up.plan import STAGES, UpInputs, UpPlan, plan_up, stage_range
+from sparkstack.up.apply import UpResult, apply_up
+from sparkstack.up.plan import STAGES, UpPlan, plan_up, stage_range
 
-__all__ = ["STAGES", "StageFailed", "UpInputs", "UpInterrupted", "UpPlan", "UpResult", "apply_up", "plan_up",
-           "read_record", "record_path", "stage_range"]
+__all__ = ["STAGES", "UpPlan", "UpResult", "apply_up", "plan_up", "stage_range"]

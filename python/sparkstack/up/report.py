@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
-
 from sparkstack.units import human_bytes
-from sparkstack.up.apply import UpResult
 from sparkstack.up.plan import BLOCKED, UP_TO_DATE, WILL_RUN, UpPlan
 
 
@@ -19,7 +16,7 @@ def plan_lines(plan: UpPlan) -> list[str]:
     for s in plan.stages:
         lines.append(f"  {s.name:<{width}}  {s.state:<10}  {s.detail}")
         if s.state == BLOCKED and s.unblock:
-            lines.append(f"  {'':<{width}}  {'':<10}  unblock: {shlex.join(s.unblock)}")
+            lines.append(f"  {'':<{width}}  {'':<10}  unblock: {s.unblock}")
     counts = {state: [s.name for s in plan.stages if s.state == state] for state in (UP_TO_DATE, WILL_RUN, BLOCKED)}
     total = sum(s.bytes or 0 for s in plan.stages if s.state == WILL_RUN)
     summary = f"{len(counts[UP_TO_DATE])} up to date, {len(counts[WILL_RUN])} to run"
@@ -36,7 +33,7 @@ def plan_lines(plan: UpPlan) -> list[str]:
     return lines
 
 
-def result_lines(result: UpResult) -> list[str]:
+def result_lines(result) -> list[str]:
     """What each stage did, with its time; ship adds the bytes each host was sent."""
     lines = []
     for r in result.runs:
@@ -52,7 +49,7 @@ def result_lines(result: UpResult) -> list[str]:
     return lines
 
 
-def stopped_lines(result: UpResult) -> list[str]:
+def stopped_lines(result) -> list[str]:
     """After Ctrl-C or a failure: what is done, what was cut, and that `up` may simply be run again."""
     by = {}
     for r in result.runs:
@@ -62,14 +59,3 @@ def stopped_lines(result: UpResult) -> list[str]:
               ("blocked", "blocked"), ("not started", "not started"), ("skipped", "skipped")) if key in by]
     return ["up: " + "; ".join(parts),
             "run `sparkstack up` again: finished stages plan as up to date, and a cut transfer resumes"]
-
-
-def record_lines(record: dict | None) -> list[str]:
-    """The last `up`'s record, as `launch status` shows it: one line per stage."""
-    if not record:
-        return []
-    lines = [f"last up: recipe {record.get('recipe')}, {record.get('started_at')} ({record.get('record')})"]
-    for r in record.get("stages", []):
-        took = f" in {r.get('seconds', 0):.1f} s" if r.get("outcome") in ("done", "failed", "cut") else ""
-        lines.append(f"  {r.get('stage')}: {r.get('outcome')}{took}")
-    return lines

@@ -3,8 +3,8 @@
 checks.py holds the checks as data (required or warn-only) with their probes; run.py plans (pure) and runs them,
 returning frozen results."""
 
-from .checks import CHECKS, Check, served_models
-from .run import (
+from sparkstack.verify.checks import CHECKS, VerifyCheck, served_models
+from sparkstack.verify.run import (
     Result,
     VerifyPlan,
     mask_key,
@@ -13,4 +13,5 @@ from .run import (
     verdict,
 )
 
-__all__ = ["CHECKS", "Check", "Result", "VerifyPlan", "mask_key", "plan_verify", "run_verify", "served_models", "verdict"]
+__all__ = ["CHECKS", "Result", "VerifyCheck", "VerifyPlan", "mask_key", "plan_verify", "run_verify", "served_models",
+           "verdict"]

@@ -16,10 +16,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..endpoint import metrics, stats
-from ..endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult, sampled_logprobs
-from ..errors import SparkstackError
-from ..launch.preflight import CHAT_TEMPLATE
+from sparkstack.endpoint import metrics, stats
+from sparkstack.endpoint.client import REASONING_FIELDS, Endpoint, EndpointError, StreamResult, sampled_logprobs
+from sparkstack.errors import SparkstackError
+from sparkstack.launch.preflight import CHAT_TEMPLATE
 
 
 class CheckFailed(Exception):
@@ -67,7 +67,7 @@ class Session:
 
 
 @dataclass(frozen=True)
-class Check:
+class VerifyCheck:
     name: str
     required: bool
     asks: str  # what it sends and expects, one line
@@ -326,24 +326,24 @@ def probe_prefix_cache(session: Session) -> str:
     return f"sending {size} twice: +{hits:g} hit tokens of +{queries:g} queried"
 
 
-CHECKS: tuple[Check, ...] = (
-    Check("health", True, "GET /health answers 200", probe_health, needs_model=False),
-    Check("models", True, "GET /v1/models lists the model (--model, else the first listed is asked)", probe_models,
+CHECKS: tuple[VerifyCheck, ...] = (
+    VerifyCheck("health", True, "GET /health answers 200", probe_health, needs_model=False),
+    VerifyCheck("models", True, "GET /v1/models lists the model (--model, else the first listed is asked)", probe_models,
           needs_model=False),
-    Check("chat", True, "a chat completion answers with text", probe_chat),
-    Check("stream-usage", True, "a streamed chat ends with a usage chunk (stream_options.include_usage) and [DONE]",
+    VerifyCheck("chat", True, "a chat completion answers with text", probe_chat),
+    VerifyCheck("stream-usage", True, "a streamed chat ends with a usage chunk (stream_options.include_usage) and [DONE]",
           probe_stream_usage),
-    Check("tool-call", True, f'tool_choice "auto": finish_reason tool_calls, one call to {TOOL_NAME} with '
+    VerifyCheck("tool-call", True, f'tool_choice "auto": finish_reason tool_calls, one call to {TOOL_NAME} with '
           f"{json.dumps(TOOL_ARGS)}, no <tool_call> markup in content", probe_tool_call),
-    Check("reasoning", True, "reasoning only in `reasoning`/`reasoning_content`, no think markup in content",
+    VerifyCheck("reasoning", True, "reasoning only in `reasoning`/`reasoning_content`, no think markup in content",
           probe_reasoning),
-    Check("spec-decode", True, "after a streamed chat at the serving temperature, /metrics shows drafts > 0 and "
+    VerifyCheck("spec-decode", True, "after a streamed chat at the serving temperature, /metrics shows drafts > 0 and "
           "acceptance length > 1.05",
           probe_spec_decode),
-    Check("sampling", True, f"{SAMPLING_TOKENS} tokens at the serving temperature with logprobs: none below "
+    VerifyCheck("sampling", True, f"{SAMPLING_TOKENS} tokens at the serving temperature with logprobs: none below "
           "the bound honest sampling keeps (endpoint.stats.implausible_logprob)", probe_sampling),
-    Check("image", False, f"a chat with an image part answers (else {CHAT_TEMPLATE} is missing)", probe_image),
-    Check("fffd", False, f"a fixed non-Latin prompt at temperature 0, {FFFD_PASSES} passes: no U+FFFD (vLLM #54150)",
+    VerifyCheck("image", False, f"a chat with an image part answers (else {CHAT_TEMPLATE} is missing)", probe_image),
+    VerifyCheck("fffd", False, f"a fixed non-Latin prompt at temperature 0, {FFFD_PASSES} passes: no U+FFFD (vLLM #54150)",
           probe_fffd),
-    Check("prefix-cache", False, f"a long prompt sent twice raises {metrics.PREFIX_HITS}", probe_prefix_cache),
+    VerifyCheck("prefix-cache", False, f"a long prompt sent twice raises {metrics.PREFIX_HITS}", probe_prefix_cache),
 )

@@ -6,10 +6,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..checkline import check_line
-from ..endpoint.client import Endpoint, EndpointError, base_url, check_key_env, printable
-from ..errors import SparkstackError, UsageError
-from .checks import CHECKS, Check, CheckFailed, OutOfTime, Session
+from sparkstack.checkline import check_line
+from sparkstack.endpoint.client import Endpoint, EndpointError, base_url, check_key_env
+from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.text import printable
+from sparkstack.verify.checks import CHECKS, CheckFailed, OutOfTime, Session, VerifyCheck
 
 @dataclass(frozen=True)
 class VerifyPlan:
@@ -18,7 +19,7 @@ class VerifyPlan:
     api_key_env: str
     api_key_set: bool
     timeout_s: float
-    checks: tuple[Check, ...]
+    checks: tuple[VerifyCheck, ...]
     temperature: float = 1.0  # the serving temperature, for the sampling check
 
     def to_json(self) -> dict:
@@ -122,7 +123,7 @@ def mask_key(text: str, api_key: str | None) -> str:
     return text.replace(api_key, "***") if api_key else text
 
 
-def _run_one(check: Check, session: Session, api_key_env: str) -> tuple[bool, str]:
+def _run_one(check: VerifyCheck, session: Session, api_key_env: str) -> tuple[bool, str]:
     if session.unreachable:
         return False, f"not run: {session.unreachable}"
     if check.needs_model and session.model is None:

@@ -1,0 +1,67 @@
+
+import sys
+
+
+class Refused(Exception):
+    pass
+
+
+def _first(*imports):
+    for module, name in imports:
+        try:
+            return getattr(__import__(module, fromlist=[name]), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def parser():
+    make = _first(("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
+                  ("vllm.entrypoints.openai.cli_args", "make_arg_parser"))
+    flexible = _first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"), ("vllm.utils", "FlexibleArgumentParser"))
+    if make is None or flexible is None:
+        return None
+    p = make(flexible(allow_abbrev=False))
+
+    def error(message):
+        raise Refused(message)
+
+    p.error = error  # argparse reports unknown options and bad choices through error(): one line, no exit
+    return p
+
+
+def registered(kind):
+    manager = _first(("vllm.tool_parsers", "ToolParserManager"),
+                     ("vllm.entrypoints.openai.tool_parsers", "ToolParserManager")) if kind == "tool" else \
+        _first(("vllm.reasoning", "ReasoningParserManager"))
+    if manager is None:
+        return None
+    names = getattr(manager, "list_registered", None)
+    return set(names()) if names else set(getattr(manager, "tool_parsers", getattr(manager, "reasoning_parsers", {})))
+
+
+def judge(argv):
+    p = parser()
+    if p is None:
+        return 2, "no vLLM serve argument parser in the image (vllm...cli_args.make_arg_parser)"
+    try:
+        args = p.parse_args(argv)
+    except Refused as exc:
+        return 1, " ".join(str(exc).split())[:300]
+    for flag, dest, kind in (("--tool-call-parser", "tool_call_parser", "tool"),
+                             ("--reasoning-parser", "reasoning_parser", "reasoning")):
+        name = getattr(args, dest, None)
+        if name is None:
+            name = getattr(getattr(args, "structured_outputs_config", None), dest, None)
+        if not name or (kind == "tool" and getattr(args, "tool_parser_plugin", None)):
+            continue  # unset, or a plugin may register it at start
+        have = registered(kind)
+        if have is not None and name not in have:
+            return 1, f"{flag} {name}: the image's vLLM has no such {kind} parser (it has {', '.join(sorted(have))})"
+    return 0, f"vLLM accepts the argv ({len(argv)} arguments)"
+
+
+if __name__ == "__main__":
+    code, line = judge(sys.argv[1:])
+    print(line)
+    sys.exit(code)

@@ -1,0 +1,257 @@
+"""`sparkstack launch` (rank N, all, stop, status) and `sparkstack plan kv`: the command objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkstack.command import Command, View, argument, option
+from sparkstack.tune.command import host_root_option, ssh_config_option
+
+PROFILES = ("production", "lab")
+
+
+def profile_option(help: str):
+    return option("production", "--profile", kind=("choice", PROFILES), show_default=True, help=help)
+
+
+def health_interval_option(help: str = "Seconds between /health polls."):
+    return option(10.0, "--health-interval", kind=("float", 0, 3600), env="HEALTH_INTERVAL", show_default=True,
+                  help=help)
+
+
+def health_attempts_option(help: str = "How many /health polls before giving up."):
+    return option(360, "--health-attempts", kind=("int", 1, 1_000_000), env="HEALTH_ATTEMPTS", show_default=True,
+                  help=help)
+
+
+def worker_delay_option(help: str = "Seconds between the workers and the head."):
+    return option(20.0, "--worker-delay", kind=("float", 0, 3600), env="WORKER_DELAY", show_default=True, help=help)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    target: str = argument()
+    recipe: str | None = option(None, "--recipe", help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. "
+                                                       "Default: glm53-flash-dflash2-nvfp4.")
+    image: str | None = option(None, "--image",
+                               help="A built OCI layout (loaded on the head where missing, run by its "
+                                    "content-addressed tag) or an image reference. The IMAGE environment knob wins "
+                                    "over it; it wins over the recipe.")
+    dry_run: bool = option(False, "--dry-run", kind="flag",
+                           help="Print the plan and preflight from local facts; start or stop nothing.")
+    as_json: bool = option(False, "--json", kind="flag")
+    probe: bool = option(False, "--probe", kind="flag",
+                         help="With --dry-run: also ask every rank's docker (over ssh) for image and containers.")
+    profile: str = profile_option("lab drops --gpus, --ulimit memlock and --device /dev/infiniband, which the lab "
+                                  "lacks.")
+    host_root: Path = host_root_option("Read host facts (/sys, /proc) below this root.")
+    ssh_config: Path | None = ssh_config_option()
+    force: bool = option(False, "--force", kind="flag", help="Launch a recipe marked blocked.")
+    gates: bool = option(True, "--gates", kind="toggle", show_default=True,
+                         help="Before any rank starts, run in throwaway containers of the image (seconds, on the "
+                              "head): its vLLM's own argument parser on every rank's engine argv, and its runtime "
+                              "import gates (--gates is the default and still accepted; --no-gates skips them).")
+    drop_caches: bool = option(False, "--drop-caches", kind="flag",
+                               help="sync and drop the page cache on every rank before starting it.")
+    memory_guard: float | None = option(None, "--memory-guard", kind=("float?", 0, 1 << 20, 8.0), metavar="[=GIB]",
+                                        help="While ranks boot, drop caches and compact memory on a rank whose "
+                                             "MemFree falls under GIB (8 when no value is given).")
+    health_interval: float = health_interval_option()
+    health_attempts: int = health_attempts_option()
+    worker_delay: float = worker_delay_option()
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: Request
+    launch: object  # launch.plan.LaunchPlan
+    runners: Mapping[int, object] = field(compare=False, repr=False)
+    selected: tuple = ()  # a dry run of a launch: the ranks TARGET names ...
+    checks: tuple = ()  # ... and preflight from local facts (and the ranks' docker, with --probe)
+    stops: tuple = ()  # a dry run of stop: (rank, where, argv)
+    environ: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # secrets pass by name
+
+
+def plan(request: Request, environ: Mapping[str, str], deployment=None) -> Plan:
+    """`deployment`: the one `up` loaded already (with its image), else the request's."""
+    from sparkstack.launch import apply as launch_apply
+    from sparkstack.launch.plan import plan_launch
+
+    r = request
+    if deployment is None:
+        from sparkstack.deploy import load_deployment
+
+        deployment = load_deployment(r.recipe, environ, r.image)
+    lp = plan_launch(deployment, environ, r.profile)
+    runners = launch_apply.runners_for(lp, r.ssh_config)
+    env = dict(environ)
+    if not r.dry_run or r.target == "status":
+        return Plan(r, lp, runners, environ=env)
+    if r.target == "stop":
+        return Plan(r, lp, runners, stops=tuple(launch_apply.stop_commands(lp, runners)), environ=env)
+    selected, checks = launch_apply.preflight(lp, r.target, r.host_root, runners, r.probe, r.force, r.gates, env,
+                                              True)
+    return Plan(r, lp, runners, tuple(selected), tuple(checks), environ=env)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    events: tuple[str, ...]
+    failures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Status:
+    rows: tuple[Mapping[str, object], ...]
+    last_run: Mapping[str, object] | None
+    last_up: Mapping[str, object] | None
+
+
+def stop(p: Plan, view: View) -> Stopped:
+    from sparkstack.launch import apply as launch_apply
+
+    events: list[str] = []
+
+    def event(line: str) -> None:
+        events.append(line)
+        view.say(line)
+
+    return Stopped(tuple(events), tuple(launch_apply.stop(p.launch, p.runners, event)))
+
+
+def status(p: Plan) -> Status:
+    from sparkstack.launch import apply as launch_apply
+    from sparkstack.state import read_up_record
+
+    rows, last_run = launch_apply.status(p.launch, p.runners)
+    return Status(tuple(rows), last_run, read_up_record())
+
+
+def apply(p: Plan, view: View):
+    from sparkstack.launch import apply as launch_apply
+
+    r = p.request
+    if r.target == "stop":
+        return stop(p, view)
+    if r.target == "status":
+        return status(p)
+    selected, checks = launch_apply.preflight(p.launch, r.target, r.host_root, p.runners, r.probe, r.force, r.gates,
+                                              dict(p.environ), False)
+    for c in checks:
+        view.say(c.line())
+    timeouts = launch_apply.Timeouts(health_interval_s=r.health_interval, health_attempts=r.health_attempts,
+                                     worker_delay_s=r.worker_delay)
+    try:
+        return launch_apply.start(p.launch, p.runners, selected, checks, timeouts, dict(p.environ), view.say,
+                                  r.drop_caches, r.memory_guard, r.host_root, gates=r.gates)
+    except launch_apply.LaunchFailed as exc:
+        for rank, text in sorted(exc.logs.items()):
+            view.note(f"--- rank {rank} log (last lines) ---")
+            for line in text.rstrip().splitlines():
+                view.note(line)
+        raise
+
+
+def _plan_json(p: Plan) -> dict:
+    from sparkstack.launch import report
+
+    if p.request.target == "stop":
+        return {"would_run": [{"rank": rank, "on": on, "argv": argv} for rank, on, argv in p.stops]}
+    return report.dry_run_document(p.launch, p.request.target, list(p.selected), list(p.checks),
+                                   p.request.drop_caches)
+
+
+def _plan_lines(p: Plan) -> list[str]:
+    from sparkstack.launch import report
+
+    if p.request.target == "stop":
+        return report.stop_lines(list(p.stops))
+    return report.dry_run_lines(p.launch, list(p.selected), list(p.checks), p.request.drop_caches)
+
+
+def _result_json(p: Plan, result) -> dict:
+    if isinstance(result, Stopped):
+        return {"stopped": list(result.events), "failures": list(result.failures)}
+    if isinstance(result, Status):
+        return {"ranks": list(result.rows), "last_run": result.last_run, "last_up": result.last_up}
+    return {"record": str(result.record), "boot": None if result.boot is None else result.boot.to_json(),
+            "memory_guard": None if result.guard is None else result.guard.fired}
+
+
+def _result_lines(p: Plan, result) -> list[str]:
+    from sparkstack.launch import report
+
+    if isinstance(result, Stopped):
+        return []  # said as they happened
+    if isinstance(result, Status):
+        return [*report.status_lines(list(result.rows), result.last_run), *report.last_up_lines(result.last_up)]
+    return report.started_lines(result)
+
+
+def _failure(p: Plan, result) -> str | None:
+    return "; ".join(result.failures) if isinstance(result, Stopped) and result.failures else None
+
+
+COMMAND = Command(("launch",), Request, plan, apply, plan_lines=_plan_lines, plan_json=_plan_json,
+                  result_lines=_result_lines, result_json=_result_json, failure=_failure,
+                  dry=lambda r: r.dry_run and r.target != "status")  # status only reads: --dry-run changes nothing
+
+
+# ---------------------------------------------------------------- what serves now (for `up`)
+
+@dataclass(frozen=True)
+class Serving:
+    """What the ranks run now, against what a launch plan would start."""
+
+    run_id: str  # the run the plan would start
+    image_id: str | None
+    rows: tuple[Mapping[str, object], ...]  # launch status's rows
+    last_run: Mapping[str, object] | None  # launch's latest run record
+
+    @property
+    def current(self) -> bool:
+        """Every rank running the plan's image, under the plan's very run, and the head healthy."""
+        return (bool(self.rows) and all(r["state"] == "running" and r["image_id"] == self.image_id for r in self.rows)
+                and self.rows[0]["health"] == 200 and self.last_run is not None
+                and self.last_run.get("id") == self.run_id)
+
+    @property
+    def head_started_at(self) -> object:
+        return self.rows[0]["started_at"] if self.rows else None
+
+    @property
+    def present(self) -> tuple[int, ...]:
+        return tuple(int(r["rank"]) for r in self.rows if r["state"] != "absent")
+
+
+def serving(p: Plan) -> Serving:
+    from sparkstack.launch import apply as launch_apply
+
+    rows, last_run = launch_apply.status(p.launch, p.runners)
+    image_id = p.launch.image_config_digest
+    return Serving(launch_apply.run_id(p.launch, image_id or "unknown"), image_id, tuple(rows), last_run)
+
+
+# ---------------------------------------------------------------- plan kv
+
+@dataclass(frozen=True, kw_only=True)
+class KvRequest:
+    recipe: str | None = option(None, "--recipe")
+    kv_bytes: int | None = option(None, "--kv-bytes", kind=("int", 0, None),
+                                  help="KV pool bytes (default: the recipe's KV pin).")
+    dry_run: bool = option(False, "--dry-run", kind="flag", help="Accepted for uniformity: plan kv only ever plans.")
+    as_json: bool = option(False, "--json", kind="flag")
+
+
+def _plan_kv(request: KvRequest, environ: Mapping[str, str]):
+    from sparkstack.deploy import load_deployment
+    from sparkstack.launch.kv import plan_launch_kv
+    from sparkstack.launch.plan import plan_launch
+
+    return plan_launch_kv(plan_launch(load_deployment(request.recipe, environ), environ), request.kv_bytes)
+
+
+PLAN_KV = Command(("plan", "kv"), KvRequest, _plan_kv, lambda p, view: p, plan_lines=lambda kv: kv.lines(),
+                  plan_json=lambda kv: kv.to_json(), dry=lambda r: True)

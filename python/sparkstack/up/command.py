@@ -1,0 +1,143 @@
+"""`sparkstack up`: the command object. Its options are its stages' own, declared where those commands
+declare them (same defaults, same environment variables)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkstack.command import Command, View, absolute, option
+from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.image.command import link_base_option
+from sparkstack.launch.command import (health_attempts_option, health_interval_option, profile_option,
+                                       worker_delay_option)
+from sparkstack.oci.command import pins_option
+from sparkstack.patch.command import overlay_option, overlay_src_option, platform_option
+from sparkstack.ship.command import streams_option, via_option
+from sparkstack.tune.command import host_root_option, ssh_config_option
+from sparkstack.verify.command import api_key_env_option
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    recipe: str | None = option(None, "--recipe", help="Recipe name or path (default: glm53-flash-dflash2-nvfp4).")
+    start: str | None = option(None, "--from", metavar="STAGE", help="Apply from this stage on (earlier ones are "
+                               "still planned: a later stage may need their output).")
+    until: str | None = option(None, "--until", metavar="STAGE", help="Apply up to and including this stage.")
+    bench: bool = option(False, "--bench", kind="flag", help="Also bench the served pair, last.")
+    yes: bool = option(False, "--yes", kind="flag", help="Apply without asking (needed off a terminal).")
+    image: Path | None = option(None, "--image", kind="path",
+                                help="A built image (OCI layout or archive): the build stage's output as given (`nix "
+                                     "run .#up` passes the flake's).")
+    base: Path | None = option(None, "--base", kind="path",
+                               help="The pinned base (OCI layout or archive) to build on, without Nix.")
+    overlay: Path | None = overlay_option()
+    overlay_src: Path | None = overlay_src_option()
+    pins: Path | None = pins_option()
+    out: Path = option(Path("image"), "--out", kind="path", show_default=True,
+                       help="Where the build stage writes the image.")
+    platform: str = platform_option()
+    link_base: str = link_base_option()
+    ssh_config: Path | None = ssh_config_option()
+    host_root: Path = host_root_option("Host facts and tuning below this root, on every rank (as tune and launch "
+                                       "take it).")
+    profile: str = profile_option("launch's profile: lab drops --gpus, --ulimit memlock and --device "
+                                  "/dev/infiniband.")
+    via: str | None = via_option("ship's connection (as ship --via).")
+    streams: int | None = streams_option("ship's ssh streams per host.")
+    health_interval: float = health_interval_option("launch: seconds between /health polls.")
+    health_attempts: int = health_attempts_option("launch: /health polls before giving up.")
+    worker_delay: float = worker_delay_option("launch: seconds between the workers and the head.")
+    verify_timeout: float = option(300.0, "--verify-timeout", kind=("float", 0.1, 86400), show_default=True,
+                                   help="verify: seconds for the whole run.")
+    temperature: float = option(1.0, "--temperature", kind=("float", 0, 2), show_default=True,
+                                help="verify and bench: the serving temperature (the model's own default: 1.0).")
+    api_key_env: str = api_key_env_option()
+    bench_concurrency: tuple[int, ...] = option((1, 2, 4), "--bench-concurrency", kind="ints", show_default=True)
+    bench_rounds: int = option(3, "--bench-rounds", kind=("int", 1, 100), show_default=True)
+    bench_category: tuple[str, ...] = option((), "--bench-category", kind="names", metavar="NAME",
+                                             help="A suite category for bench (repeatable; default: all).")
+    bench_out: Path = option(Path("bench.json"), "--bench-out", kind="path", show_default=True,
+                             help="Where bench's report goes (its --json document).")
+    no_gates: bool = option(False, "--no-gates", kind="flag",
+                            help="launch: skip the image's gates (its vLLM argv parser and import gates, run in "
+                                 "throwaway containers before the boot).")
+    dry_run: bool = option(False, "--dry-run", kind="flag", help="Print the plan of every stage; change nothing.")
+    as_json: bool = option(False, "--json", kind="flag", help="Print the plan (and the run) as JSON.")
+    # not options: what plan() works out once from the ones above
+    pins_path: Path | None = None  # --pins, else the checkout's nix/pins.json; None outside a checkout
+    stages: tuple[str, ...] = ()  # the ones --from/--until leave in
+
+    @property
+    def pins_given(self) -> bool:
+        return self.pins is not None
+
+    @property
+    def built_image(self) -> Path:
+        return self.image if self.image is not None else self.out
+
+
+def settle(r: Request) -> Request:
+    """The request with its paths absolute (the commands `up` prints must run from any directory), its pins file
+    found, and its stage range checked."""
+    from sparkstack.endpoint.client import check_key_env
+    from sparkstack.oci.pins import default_pins_path
+    from sparkstack.patch.command import overlay_dir
+    from sparkstack.up.plan import stage_range
+
+    if r.image is not None and r.base is not None:
+        raise UsageError("--image and --base: give one (--image is a built image; --base is what the build stage "
+                         "builds on)")
+    if r.image is not None and not r.image.exists():
+        raise UsageError(f"--image {r.image}: no such file or directory")
+    try:
+        pins = default_pins_path(r.pins)
+    except SparkstackError:
+        pins = None  # outside a checkout: the build stage says so (it needs no pins when --image is given)
+    check_key_env(r.api_key_env)
+    return dataclasses.replace(
+        r, image=absolute(r.image), base=absolute(r.base), overlay=absolute(overlay_dir(r.overlay)),
+        overlay_src=absolute(r.overlay_src), pins=absolute(r.pins), pins_path=absolute(pins), out=absolute(r.out),
+        ssh_config=absolute(r.ssh_config), host_root=absolute(r.host_root), bench_out=absolute(r.bench_out),
+        stages=stage_range(r.start, r.until, r.bench))
+
+
+def plan(request: Request, environ: Mapping[str, str]):
+    from sparkstack.state import read_up_record
+    from sparkstack.up.plan import plan_up
+
+    return plan_up(settle(request), environ, read_up_record())
+
+
+def apply(p, view: View):
+    from sparkstack.up.apply import apply_up
+
+    if not p.to_run and not p.blocked:
+        return None
+    return apply_up(p, view)
+
+
+def _result_json(p, result) -> dict:
+    return {**p.to_json(), "dry_run": False, "result": None if result is None else result.to_json()}
+
+
+def _result_lines(p, result) -> list[str]:
+    from sparkstack.up.report import result_lines
+
+    return [] if result is None or result.stopped else result_lines(result)
+
+
+def _plan_lines(p) -> list[str]:
+    from sparkstack.up.report import plan_lines
+
+    return plan_lines(p)
+
+
+COMMAND = Command(
+    ("up",), Request, plan, apply, plan_lines=_plan_lines, plan_json=lambda p: {**p.to_json(), "dry_run": True},
+    result_lines=_result_lines, result_json=_result_json,
+    failure=lambda p, r: r.failure if r is not None else None,
+    cut=lambda p, r: "" if r is not None and r.stopped == "cut" else None,
+    preview=True, consent=lambda p: bool(p.to_run))
