@@ -21,6 +21,11 @@ def launch_runs_dir() -> Path:
     return state_root() / "runs"
 
 
+def sweeps_dir() -> Path:
+    """sweep's records, one `<sweep id>.json` each, with its cells' bench documents beside it."""
+    return state_root() / "sweeps"
+
+
 def up_record_path() -> Path:
     """up's record of its last run, which the next `up` resumes from."""
     return state_root() / "up" / "last.json"

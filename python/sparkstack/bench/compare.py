@@ -135,7 +135,8 @@ class Change:
                 "spread_a": self.spread_a, "spread_b": self.spread_b, "exceeds_spread": self.exceeds_spread}
 
 
-def _range(cell: dict, name: str) -> float | None:
+def round_range(cell: dict, name: str) -> float | None:
+    """max - min of one figure over a cell's rounds (a contract cell); None with under two rounds."""
     xs = [r[name] for r in cell["rounds"] if r.get(name) is not None]
     return max(xs) - min(xs) if len(xs) >= 2 else None
 
@@ -151,6 +152,12 @@ class CellChange:
     def to_json(self) -> dict:
         return {"concurrency": self.concurrency, "category": self.category, "flags_a": list(self.flags_a),
                 "flags_b": list(self.flags_b), "figures": {k: v.to_json() for k, v in self.figures.items()}}
+
+
+def cell_change(ca: dict, cb: dict) -> CellChange:
+    """Two contract cells of one (concurrency, category): each round figure's change against the rounds' spread."""
+    figs = {name: Change(ca[name], cb[name], round_range(ca, name), round_range(cb, name)) for name in ROUND_FIGURES}
+    return CellChange(ca["concurrency"], ca["category"], figs, tuple(ca["flags"]), tuple(cb["flags"]))
 
 
 @dataclass(frozen=True)
@@ -183,11 +190,7 @@ def compare(path_a: Path, path_b: Path) -> Comparison:
         what = f"c={only[0][0]} {only[0][1]} is in one only" if only else "the cells are in another order"
         raise SparkstackError(f"the runs have different shapes ({len(cells_a)} and {len(cells_b)} cells; {what}): "
                               "bench both with the same --concurrency and --category")
-    changes = []
-    for key, ca in cells_a.items():
-        cb = cells_b[key]
-        figs = {name: Change(ca[name], cb[name], _range(ca, name), _range(cb, name)) for name in ROUND_FIGURES}
-        changes.append(CellChange(key[0], key[1], figs, tuple(ca["flags"]), tuple(cb["flags"])))
+    changes = [cell_change(ca, cells_b[key]) for key, ca in cells_a.items()]
     return Comparison(a["suite_version"], (str(path_a), a["settings"]), (str(path_b), b["settings"]), tuple(changes))
 
 

@@ -16,19 +16,36 @@ COMMAND = "sparkstack bench"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def check_destination(path: Path) -> None:
-    """Before a long run: the PNG must be writable where asked, and replace only a plot bench wrote."""
+def check_destination(path: Path, command: str = COMMAND) -> None:
+    """Before a long run: the PNG must be writable where asked, and replace only a plot `command` wrote."""
     parent = path.absolute().parent
     if not parent.is_dir():
         raise UsageError(f"--plot {path}: no such directory {parent}")
     if path.is_dir():
         raise UsageError(f"--plot {path}: is a directory")
-    outputs.claim_file(path, COMMAND, png_marker, what="a plot", option="--plot")
+    outputs.claim_file(path, command, png_marker, what="a plot", option="--plot")
     try:  # a directory that looks fine may still refuse files (read-only, /proc): try, as the write will
         with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as exc:
         raise UsageError(f"--plot {path}: cannot write in {parent}: {exc.strerror or exc}") from None
+
+
+def agg_figure(**kwargs):
+    """A matplotlib Figure on the Agg backend (no display, no pyplot state)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
+
+def figure_png(fig, command: str = COMMAND) -> bytes:
+    """The figure as PNG bytes, marked as written by `command` (png_marker reads it back)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={outputs.WRITTEN_BY: command})
+    return buf.getvalue()
 
 
 def png_marker(path: Path) -> outputs.OutputMarker | None:
@@ -62,14 +79,9 @@ def _per_position(cells: list[dict]) -> list[float] | None:
 
 
 def render_png(doc: dict) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     s = doc["settings"]
     categories = list(s["categories"])
-    fig = Figure(figsize=(15, 4.8), dpi=100, layout="constrained")
+    fig = agg_figure(figsize=(15, 4.8), dpi=100, layout="constrained")
     tok_ax, al_ax, pos_ax = fig.subplots(1, 3, width_ratios=[1, 1, 1.2])
     for cat in categories:
         cells = sorted((c for c in doc["cells"] if c["category"] == cat), key=lambda c: c["concurrency"])
@@ -102,9 +114,7 @@ def render_png(doc: dict) -> bytes:
              f"temperature {s['temperature']} · top_p {s['top_p']} · max_tokens {s['max_tokens']} · "
              f"rounds {s['rounds']}" + (f"\nflagged, not shown: {', '.join(flagged)}" if flagged else ""))
     fig.suptitle(title.replace("$", r"\$"), fontsize="medium")  # a $ in the model name or URL is not mathtext
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={outputs.WRITTEN_BY: COMMAND})
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def write_plot(doc: dict, path: Path) -> None:

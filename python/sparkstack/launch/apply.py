@@ -266,10 +266,16 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
                        all_logs(plan, runners, t.log_tail))
 
 
-def run_id(plan: LaunchPlan, image_id: str) -> str:
-    doc = {"image": image_id, "model": plan.model_revision, "drafter": plan.drafter_revision,
-           "argv": [list(r.docker_run) for r in plan.ranks]}
+def boot_id(image_id: str, model_revision: str | None, drafter_revision: str | None,
+            argvs: list[list[str]] | tuple[tuple[str, ...], ...]) -> str:
+    """A boot's identity: the image's ID, the served revisions and every rank's planned docker argv. Two launches
+    with the same id boot the same thing (sweep reuses a boot on it)."""
+    doc = {"image": image_id, "model": model_revision, "drafter": drafter_revision, "argv": [list(a) for a in argvs]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_id(plan: LaunchPlan, image_id: str) -> str:
+    return boot_id(image_id, plan.model_revision, plan.drafter_revision, [list(r.docker_run) for r in plan.ranks])
 
 
 def write_record(plan: LaunchPlan, image_id: str, boot: Boot | None, ran: dict[int, list[str]]) -> Path:

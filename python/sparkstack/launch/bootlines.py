@@ -55,7 +55,10 @@ BOOT_LINES = (
     BootLine("max-concurrency", "phase",
              r"(?:^|, )Maximum concurrency for [\d,]+ tokens per request: (?P<concurrency>\d{1,9}(?:\.\d{1,6})?)x",
              "Maximum concurrency for {max_len} tokens per request: {concurrency}x", phase="KV profiled"),
-    BootLine("graphs-captured", "phase", r"^Graph capturing finished\b",
+    # gpu_model_runner.py's `Graph capturing finished in %.0f secs, took %.2f GiB`: the capture's time and memory.
+    BootLine("graphs-captured", "phase",
+             r"^Graph capturing finished\b(?: in (?P<graph_s>\d{1,9}(?:\.\d{1,6})?) secs?, "
+             r"took (?P<graph_gib>-?\d{1,6}(?:\.\d{1,6})?) GiB)?",
              "Graph capturing finished in {seconds} secs, took {gib} GiB", phase="graphs captured"),
     # " s" from 0.32 on (with "(compilation: ...)" after it when compiling), " seconds" before.
     BootLine("engine-ready", "phase",

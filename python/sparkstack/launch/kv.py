@@ -30,11 +30,18 @@ def _flag_int(args: list[str], flag: str) -> int | None:
     return int(value)
 
 
-def kv_inputs(plan: LaunchPlan) -> KvInputs:
-    args = list(plan.ranks[0].docker_run)
+def argv_kv_bytes(args: list[str] | tuple[str, ...]) -> int | None:
+    """The KV pin an argv sets (either spelling of the flag), or None: a launch plan's or a run record's argv."""
+    args = list(args)
     kv_bytes = None
     for flag in KV_FLAGS:
         kv_bytes = _flag_int(args, flag) if flag in args else kv_bytes
+    return kv_bytes
+
+
+def kv_inputs(plan: LaunchPlan) -> KvInputs:
+    args = list(plan.ranks[0].docker_run)
+    kv_bytes = argv_kv_bytes(args)
     block = _flag_int(args, "--block-size") or DEFAULT_BLOCK_SIZE
     max_len = _flag_int(args, "--max-model-len") or int(plan.knobs["MAX_MODEL_LEN"])
     i = args.index("--kv-cache-dtype") if "--kv-cache-dtype" in args else -1

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import shlex
 
+from sparkstack.launch.calibrate import measure_record
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.launch.preflight import PreflightCheck
 from sparkstack.launch.confirm import confirm_lines
 from sparkstack.launch.timeline import timeline_lines
+from sparkstack.recipe.kv import KvPlan
 
 def dry_run_document(plan: LaunchPlan, target: str, selected: list[RankPlan], checks: list[PreflightCheck],
                      drop_caches: bool) -> dict:
@@ -72,11 +74,28 @@ def boot_lines(run: str, boot: dict | None) -> list[str]:
             *timeline_lines(boot.get("timeline", []), boot.get("kv_pool")), *confirm_lines(boot.get("confirm"))]
 
 
-def status_lines(rows: list[dict], last_run: dict | None) -> list[str]:
-    """`launch status`: one line per rank, then the last run's boot."""
+def kv_status_line(planned: KvPlan, last_run: dict | None) -> str | None:
+    """`launch status`: the plan's KV tokens against what the last run's boot measured; None when it measured none."""
+    if not last_run:
+        return None
+    m = measure_record(last_run)
+    if m.tokens is None:
+        return None
+    plan = "?" if planned.tokens is None else f"{planned.tokens:,}"
+    ratio = f" ({m.tokens / planned.tokens:.3f}x the plan)" if planned.tokens else ""
+    pool = "" if m.pool_bytes is None else f", pool {m.pool_bytes:,} B ({m.pool})"
+    return f"KV: plan {plan} tokens, measured {m.tokens:,}{ratio}{pool} (run {m.run_id})"
+
+
+def status_lines(rows: list[dict], last_run: dict | None, planned_kv: KvPlan | None = None) -> list[str]:
+    """`launch status`: one line per rank, then the last run's boot; with `planned_kv` (launch.kv.kv_plan of the
+    deployment as it stands), the plan's KV tokens against the boot's."""
     lines = [" ".join(f"{k}={v}" for k, v in row.items()) for row in rows]
     if last_run:
         lines += boot_lines(last_run["id"], last_run.get("boot"))
+        kv = kv_status_line(planned_kv, last_run) if planned_kv is not None else None
+        if kv:
+            lines.append(kv)
     return lines
 
 

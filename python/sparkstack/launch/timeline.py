@@ -70,10 +70,13 @@ class RankTimeline:
     concurrency: float | None
     fatal: Seen | None
     warnings: tuple[Seen, ...]
+    graph_s: float | None = None  # `Graph capturing finished in X secs, took Y GiB`: X (absent under --enforce-eager)
+    graph_gib: float | None = None  # and Y
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "phases": dict(self.phases), "kv_available_gib": self.kv_gib,
                 "kv_cache_tokens": self.kv_tokens, "max_concurrency": self.concurrency,
+                "graph_capture_s": self.graph_s, "graph_capture_gib": self.graph_gib,
                 "fatal": self.fatal.to_json() if self.fatal else None, "warnings": [w.to_json() for w in self.warnings]}
 
 
@@ -120,9 +123,12 @@ def parse_rank(rank: int, logs: str, started: float) -> RankTimeline:
     gib = [float(v) for v in figures.get("kv_gib", [])]
     tokens = figures.get("kv_tokens", [])
     conc = figures.get("concurrency", [])
+    graph_s = [v for v in figures.get("graph_s", []) if v is not None]
+    graph_gib = [v for v in figures.get("graph_gib", []) if v is not None]
     return RankTimeline(rank, tuple((p, phases[p]) for p in PHASES if p in phases), min(gib) if gib else None,
                         int(tokens[0].replace(",", "")) if tokens else None, float(conc[0]) if conc else None,
-                        fatal, tuple(warnings))
+                        fatal, tuple(warnings), float(graph_s[0]) if graph_s else None,
+                        float(graph_gib[0]) if graph_gib else None)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sparkstack.recipe.knobs import (
     VALUE_FLAGS,
 )
 from sparkstack.recipe.values import (
-    UNPINNED, check_value, commit_or_unpinned, image_ref, no_nul, one_line, repo_id, shm_size, text, word,
+    INT_MAX, UNPINNED, check_value, commit_or_unpinned, image_ref, no_nul, one_line, repo_id, shm_size, text, word,
 )
 from sparkstack.text import printable, quoted
 
@@ -76,7 +76,12 @@ CONFIRM_KEYS = ("modelopt-nvfp4", "nvfp4-moe-backend", "eagle3-aux-layers", "kv-
                 "graph-capture")  # what verify makes of an expected boot line the running pair's boot lacks
 _KV_KEYS = {"measured_bytes": int, "measured_tokens": int, "mla_page_bytes_per_token": int,
             "indexer_page_bytes_per_token": int, "drafter_page_bytes_per_token": int,
-            "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool, "pages": dict}
+            "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool, "pages": dict, "boot": dict}
+# [kv.boot]: what a boot measured of the KV pool (`plan kv --from-boot --write`, launch/calibrate.py).
+_KV_BOOT_KEYS = {"tokens": int, "pool_bytes": int, "pool": str, "source": str, "date": str, "vllm_version": str,
+                 "image_id": str}
+KV_BOOT_POOLS = ("pin", "profiled")  # the bytes are the argv's pin (exact), or the profiled GiB figure (to 0.01 GiB)
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _PAGE_KEYS = {"mla_page_bytes_per_token": int, "indexer_page_bytes_per_token": int}
 
 
@@ -91,6 +96,27 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class KvBoot:
+    """[kv.boot]: the KV pool one boot measured, and where that came from (`plan kv --from-boot --write`)."""
+
+    tokens: int  # `<device> KV cache size: N tokens`
+    pool_bytes: int
+    pool: str  # KV_BOOT_POOLS: "pin" (exact) or "profiled"
+    source: str  # "run <id>" or a log file
+    date: str  # YYYY-MM-DD, the day it was written
+    vllm_version: str | None = None
+    image_id: str | None = None
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "pool_bytes": self.pool_bytes, "pool": self.pool, "source": self.source,
+                "date": self.date, "vllm_version": self.vllm_version, "image_id": self.image_id}
+
+    def toml(self) -> dict:
+        """The [kv.boot] table as written: the optional keys only when known."""
+        return {k: v for k, v in self.to_json().items() if v is not None}
+
+
+@dataclass(frozen=True)
 class KvGeometry:
     measured_bytes: int | None = None
     measured_tokens: int | None = None
@@ -102,6 +128,7 @@ class KvGeometry:
     # Page figures per --kv-cache-dtype ([kv.pages.<dtype>]): (dtype, mla, indexer). When given, the argv's KV dtype
     # picks its own figures, and a dtype without any has none: fp8_ds_mla's pages are not fp8_e4m3's.
     pages: tuple[tuple[str, int | None, int | None], ...] = ()
+    boot: KvBoot | None = None  # [kv.boot]: the last calibrated boot's measurement
 
 
 @dataclass(frozen=True)
@@ -350,6 +377,7 @@ def load_recipe(name_or_path: str | None = None) -> Recipe:
         if type(value) is int and value < 1:  # page sizes are divisors and token counts divide: 0 is never meant
             raise SparkstackError(f"{w} [kv]: {key}={value} must be at least 1")
     kv["pages"] = _pages(f"{w} [kv.pages]", kv.get("pages", {}))
+    kv["boot"] = kv_boot(f"{w} [kv.boot]", kv["boot"]) if "boot" in kv else None
     if "licence" in drafter:
         check_value(f"{w} [drafter]: licence=", drafter["licence"], text)
     serves_mtp_reason = _serves_mtp(w, doc)
@@ -379,6 +407,25 @@ def _pages(where: str, pages: dict) -> tuple[tuple[str, int | None, int | None],
                 raise SparkstackError(f"{where}.{dtype}: {key}={value} must be at least 1")
         out.append((dtype, table.get("mla_page_bytes_per_token"), table.get("indexer_page_bytes_per_token")))
     return tuple(out)
+
+
+def kv_boot(where: str, table: dict) -> KvBoot:
+    """A [kv.boot] table, checked (the loader's, and write.py's check of what it writes)."""
+    _check(where, table, _KV_BOOT_KEYS)
+    for key in ("tokens", "pool_bytes", "pool", "source", "date"):
+        if key not in table:
+            raise SparkstackError(f"{where}: missing key {key!r}")
+    for key in ("tokens", "pool_bytes"):
+        if not 1 <= table[key] <= INT_MAX:
+            raise SparkstackError(f"{where}: {key}={table[key]} must be a whole number of at least 1")
+    if table["pool"] not in KV_BOOT_POOLS:
+        raise SparkstackError(f"{where}: pool must be \"pin\" or \"profiled\", got {quoted(table['pool'])}")
+    if not _ISO_DATE.fullmatch(table["date"]):
+        raise SparkstackError(f"{where}: date={quoted(table['date'])} is not a date (YYYY-MM-DD)")
+    for key in ("source", "vllm_version", "image_id"):
+        if key in table:
+            check_value(f"{where}: {key}=", table[key], text)
+    return KvBoot(**table)
 
 
 def _serves_mtp(w: str, doc: dict) -> str | None:
