@@ -67,6 +67,8 @@ INVOCATIONS = {
     ("fetch",): ([["--recipe", "{pinned_recipe}"], ["--recipe", "{unpinned_recipe}", "--resolve"]], False),
     # up plans every stage (tune and ship ask rank 1 over ssh, launch its docker: reads) and, for real, fetches.
     ("up",): ([["--recipe", "{pinned_recipe}", "--until", "fetch", "--yes", "--host-root", "{host_root}"]], False),
+    # sweep plans every cell's launch and asks the ranks' docker what serves (reads); for real, stops and starts.
+    ("sweep",): ([["--vary", "NUM_SPEC_TOKENS=2,4", "--yes", "--bench-rounds", "1", "{launch}"]], False),
 }
 LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health-interval", "0", "--worker-delay", "0"]
 

@@ -24,6 +24,7 @@ from sparkstack.patch import command as patch_cmd
 from sparkstack.ship import command as ship_cmd
 from sparkstack.soak import command as soak_cmd
 from sparkstack.strip import command as strip_cmd
+from sparkstack.sweep import command as sweep_cmd
 from sparkstack.top import command as top_cmd
 from sparkstack.tune import command as tune_cmd
 from sparkstack.up import command as up_cmd
@@ -334,6 +335,13 @@ def bench():
 @command(main, bench_cmd.COMPARE)
 def compare():
     """Per-cell change from bench report A to B, marking changes beyond the spread of each run's rounds."""
+
+
+@command(main, sweep_cmd.COMMAND)
+def sweep():
+    """Run the recipe once per cell of the knobs' product (--vary KNOB=V1,V2): boot, bench with one salt, and one
+    table of every cell's figures beside the first's noise. Resumable; relaunches the recipe as it stands at the
+    end."""
 
 
 @command(main, up_cmd.COMMAND)

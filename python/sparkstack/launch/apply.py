@@ -43,9 +43,10 @@ class Timeouts:
 
 
 class LaunchFailed(SparkstackError):
-    def __init__(self, message: str, logs: dict[int, str]) -> None:
+    def __init__(self, message: str, logs: dict[int, str], fatal: dict | None = None) -> None:
         super().__init__(message)
         self.logs = logs
+        self.fatal = fatal  # a fatal boot line: {"line", "diagnosis", "at_s", "rank"} (sweep's row of a failed cell)
 
 
 @dataclass
@@ -208,7 +209,8 @@ def _report_progress(boot: Boot, now: dict[int, tuple[RankTimeline, str, str]], 
 
 def _fatal_line(rank: int, fatal, logs: str, t: Timeouts) -> LaunchFailed:
     return LaunchFailed(f"rank {rank}: fatal boot line at {secs(fatal.at_s)}: {fatal.text[:200]!r}: {fatal.diagnosis}",
-                        {rank: last_lines(logs, t.log_tail)})
+                        {rank: last_lines(logs, t.log_tail)},
+                        {"line": fatal.text[:200], "diagnosis": fatal.diagnosis, "at_s": fatal.at_s, "rank": rank})
 
 
 def _check_boot(plan: LaunchPlan, runners: dict[int, Runner], now: dict[int, tuple[RankTimeline, str, str]],
