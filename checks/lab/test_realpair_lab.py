@@ -13,8 +13,9 @@ One pair for the module, in order (each test needs the one before):
    `launch status` with both ranks' timelines read from their real logs; verify at temperature 1 (it fails exactly
    its sampling check: vLLM CPU's fault under speculative decoding), bench's counters against the head's own
    /metrics deltas;
-3. the design card's order: `launch stop`, `launch 1`, then `launch 0` (the running worker is what it expects);
-4. the worker's container killed during a short soak: soak logs the failure, `launch status` names rank 1, and
+3. a sweep of the drafter's length (2 and 4) through `sweep`, ending on the recipe as it stands;
+4. the design card's order: `launch stop`, `launch 1`, then `launch 0` (the running worker is what it expects);
+5. the worker's container killed during a short soak: soak logs the failure, `launch status` names rank 1, and
    `launch stop` leaves nothing on either host.
 
 With SPARKSTACK_REALPAIR_TRANSCRIPT=FILE the tests write, as JSON, each stage's command, exit and key lines, each
@@ -277,6 +278,46 @@ def test_verify_finds_the_engines_fault_and_bench_counts_what_the_head_counts(pa
         [delta[k] for k in ("drafts", "draft_tokens", "accepted_tokens")], (ours, delta)
     assert ours["per_position"] == pytest.approx(delta["per_position"]), (ours, delta)
     _note(bench={"bench": {**ours, "acceptance_length": cell["acceptance_length"]}, "metrics_deltas": delta})
+
+
+def test_a_sweep_of_the_drafts_length_on_the_real_pair(pair):
+    """`sweep --vary NUM_SPEC_TOKENS=2,4`: the drafter drafts 4 tokens back (build_drafter.py's LAG), so at 2 and at 4
+    every draft after the warm-up is accepted: each cell's per-position list is as long as its n, acceptance length
+    grows with n, and the recipe as it stands (n=4, what up launched) serves at the end. The pair serves n=4 now, so
+    that cell needs no boot; n=2 boots, and the relaunch of the recipe boots once more."""
+    world, lab = pair, pair.lab
+    common = ("--recipe", "my-recipe.toml", "--image", "image", "--profile", "lab", "--host-root", "hostroot",
+              "--ssh-config", "ssh_config", "--health-interval", "1", "--health-attempts", "600", "--no-gates",
+              "--vary", "NUM_SPEC_TOKENS=2,4", "--bench-concurrency", "1", "--bench-rounds", "1", "--bench-category",
+              "count", "--bench-max-tokens", "64", "--temperature", "0")
+    proc = world.sparkstack("sweep", *common, "--dry-run", "--json", check=False)
+    _record("sweep --dry-run", proc, keep=20)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    planned = json.loads(proc.stdout)
+    order = [(c["knobs"]["NUM_SPEC_TOKENS"], c["boots"]) for c in planned["cells"]]
+    assert order == [("4", False), ("2", True)] and planned["final_boot"] and planned["boots"] == 2, planned
+
+    proc = world.sparkstack("sweep", *common, "--yes", "--json", "--plot", "sweep.png", check=False, timeout=1800)
+    _record("sweep --yes", proc, keep=40)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = json.loads(proc.stdout)
+    rows = {c["knobs"]["NUM_SPEC_TOKENS"]: c for c in done["table"]["cells"]}
+    assert {n: r["status"] for n, r in rows.items()} == {"2": "done", "4": "done"}, rows
+    lengths = {}
+    for n, row in rows.items():
+        (cell,) = row["rows"]
+        assert len(cell["per_position"]) == int(n) and min(cell["per_position"]) > 0.5, (n, cell)
+        lengths[n] = cell["acceptance_length"]
+    assert 2.5 < lengths["2"] <= 3.0 and lengths["2"] < lengths["4"] <= 5.0, lengths
+    assert rows["2"]["boot"]["kv_tokens"] and rows["2"]["boot"]["ready_s"] > 0, rows["2"]
+    assert done["serving"].startswith("the recipe as it stands")
+    head = _engine_argv(_inspect(lab.head, realpair.CONTAINERS[0]))
+    spec = json.loads(head[head.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 4  # the recipe's own, relaunched
+    assert (world.work / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _note(sweep={"table": done["table"], "serving": done["serving"]})
+    again = world.sparkstack("sweep", *common, "--dry-run", "--json", check=False)
+    assert sorted(json.loads(again.stdout)["finished_already"]) == [0, 1]  # a second sweep resumes: nothing to run
 
 
 def test_the_design_cards_order_rank_1_then_rank_0(pair):
