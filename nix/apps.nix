@@ -1,5 +1,5 @@
-# One app per CLI command that exists today, each a thin wrapper over the CLI. `launch`, `ship` and `up` pass
-# the image this flake built (its store path) as --image, so `nix run .#launch -- 0` runs exactly it and
+# One app per CLI command that exists today, each a thin wrapper over the CLI. `launch`, `ship`, `sweep` and `up`
+# pass the image this flake built (its store path) as --image, so `nix run .#launch -- 0` runs exactly it and
 # `nix run .#ship` sends exactly it; a dry run builds it too, because the tag comes from its config digest.
 # Every top-level command has exactly one app (checks/nix/test_flake_e2e.py keeps it so).
 { pkgs, sparkstack, image }:
@@ -27,5 +27,6 @@ in
   bench = app "bench" "bench";
   compare = app "compare" "compare";
   fetch = app "fetch" "fetch";
+  sweep = app "sweep" "sweep --image ${image}";
   up = app "up" "up --image ${image}";
 }
