@@ -49,7 +49,8 @@ INVOCATIONS = {
     ("image", "load"): ([["{base}"], ["{base}", "--host", "rank1"], ["{base}", "--engine", "podman"]], False),
     ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"],
                    ["0", "--probe", "--gates", "{launch}"]], False),
-    ("plan", "kv"): ([[]], True),
+    # plan kv only plans, unless --write records a boot's measurement in the recipe (a copy here).
+    ("plan", "kv"): ([["--from-boot", "{kv_boot_log}", "--write", "--recipe", "{unpinned_recipe}"]], False),
     # ssh runs the helper here (the stand-in); under --dry-run it may only ask docker version/inspect and read.
     ("ship",): ([["rank1", "--image", "{base}"], ["rank1", "--image", "{base}", "--no-weights", "--streams", "1"]], False),
     # verify only asks the API stand-in (world's engine); under --dry-run it may not even ask (checked below).
@@ -157,6 +158,9 @@ def world(tmp_path):
     w["env"]["HF_ENDPOINT"] = hub.url
     w["pinned_recipe"] = recipe_copy(tmp_path / "pinned.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
     w["unpinned_recipe"] = recipe_copy(tmp_path / "unpinned.toml")
+    w["kv_boot_log"] = tmp_path / "head.log"
+    w["kv_boot_log"].write_text("INFO 09-01 10:08:45 [gpu_worker.py:227] Available KV cache memory: 4.60 GiB\n"
+                                "INFO 09-01 10:08:46 [kv_cache_utils.py:716] GPU KV cache size: 481,488 tokens\n")
     with serving() as engine:  # the API server commands that verify, bench or watch an endpoint talk to
         w.update(engine=engine, engine_url=engine.url)
         yield w

@@ -74,6 +74,8 @@ def _parameter(f, opt):
     if isinstance(kind, tuple) and kind[0] == "float?":
         return click.option(*opt.flags, f.name, type=_click_type(kind), is_flag=False, flag_value=kind[3],
                             default=f.default, **common)
+    if kind == "path?":  # given bare: "", the command's own default
+        return click.option(*opt.flags, f.name, is_flag=False, flag_value="", default=f.default, **common)
     default = f.default
     if kind == "ints" and default is not None:
         default = ",".join(map(str, default))

@@ -33,7 +33,9 @@ class Opt:
 
     kind: "text", "path", "flag" (a bare --x), "toggle" (--x/--no-x), ("float", lo, hi), ("int", lo, hi),
     ("choice", names), "ints" (1,2,4), "duration" (90s), "names" (repeatable, each may be comma-separated),
-    "many" (repeatable text), ("float?", lo, hi, value) (an option whose value may be left out: that value).
+    "many" (repeatable text), ("float?", lo, hi, value) (an option whose value may be left out: that value),
+    "path?" (a path that may be left out: then "", which the command reads as its own default, such as the latest
+    run record or the recipe's file).
     """
 
     flags: tuple[str, ...]  # empty for an argument
@@ -96,7 +98,7 @@ def argv(path: tuple[str, ...], request) -> tuple[str, ...]:
         if value == default or value is None or f.name in ("dry_run", "as_json"):
             continue
         flag = opt.flags[0]
-        if opt.kind == "flag":
+        if opt.kind == "flag" or (opt.kind == "path?" and value == ""):
             opts.append(flag)
         elif opt.kind == "toggle":
             opts.append(flag if value else "--no-" + flag[2:])

@@ -12,6 +12,45 @@ from sparkstack.errors import SparkstackError
 from sparkstack.verify.command import api_key, api_key_env_option
 
 
+def reference_option():
+    return option(None, "--reference", kind="path?", metavar="[FILE]",
+                  help="Set the figures beside the published ones: FILE, or (no value) the reference.toml beside "
+                       "--recipe's recipe. Exit 1 when the count category misses its ceiling.")
+
+
+def recipe_option():
+    return option(None, "--recipe", help="With --reference: the recipe whose reference.toml is the default, and whose "
+                                         "knobs say what was served (NUM_SPEC_TOKENS, EAGER).")
+
+
+@dataclass(frozen=True)
+class Against:
+    """A reference and what our run served, from --reference and --recipe."""
+
+    reference: object  # bench.reference.Reference
+    served: object  # bench.reference.Served
+
+    def beside(self, doc: Mapping[str, object]):
+        from sparkstack.bench.reference import compare_reference
+
+        return compare_reference(dict(doc), self.reference, self.served)
+
+
+def against(reference: str | None, recipe: str | None, environ: Mapping[str, str]) -> Against | None:
+    """The reference file (given, or beside the recipe) and the served conditions (the recipe's knobs, when one is
+    named; else read from the report's per-position rates)."""
+    from sparkstack.bench.reference import Served, find_reference, load_reference, served_from_knobs
+
+    if reference is None:
+        return None
+    ref = load_reference(Path(reference)) if reference else find_reference(recipe)
+    if recipe is None:
+        return Against(ref, Served())
+    from sparkstack.deploy import load_deployment
+
+    return Against(ref, served_from_knobs(load_deployment(recipe, environ).knobs))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Request:
     url: str = argument()
@@ -37,6 +76,8 @@ class Request:
                                     "acceptance.")
     force: bool = option(False, "--force", kind="flag",
                          help="Bench a server that is already running requests (cells flagged server_busy).")
+    reference: str | None = reference_option()
+    recipe: str | None = recipe_option()
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Print the plan (blocks, requests, settings); send "
                                                                  "nothing.")
     as_json: bool = option(False, "--json", kind="flag", help="Print the report as JSON (the contract compare reads).")
@@ -47,6 +88,7 @@ class Plan:
     request: Request
     bench: object  # bench.plan.BenchPlan
     api_key: str | None = field(default=None, repr=False, compare=False)
+    against: Against | None = None  # --reference
 
 
 def plan(request: Request, environ: Mapping[str, str]) -> Plan:
@@ -61,14 +103,15 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
     check_key_env(r.api_key_env)
     if r.plot is not None:
         check_destination(r.plot)
-    return Plan(r, bp, api_key(r.api_key_env, environ))
+    return Plan(r, bp, api_key(r.api_key_env, environ), against(r.reference, r.recipe, environ))
 
 
 @dataclass(frozen=True)
 class Result:
     report: object  # bench.report.Report
-    doc: Mapping[str, object]
+    doc: Mapping[str, object]  # the report, and with --reference its "reference"
     plot_error: str | None = None
+    reference: object = None  # bench.reference.ReferenceComparison
 
 
 def apply(p: Plan, view: View) -> Result:
@@ -85,6 +128,9 @@ def apply(p: Plan, view: View) -> Result:
     for w in report.warnings:
         view.warn(w)
     doc = report.to_json()
+    beside = None if p.against is None else p.against.beside(doc)
+    if beside is not None:
+        doc = {**doc, "reference": beside.to_json()}
     if r.out is not None:  # before the verdict: a fault keeps its figures
         r.out.parent.mkdir(parents=True, exist_ok=True)
         fsio.write_atomic(r.out, (json.dumps(doc, indent=2) + "\n").encode())
@@ -94,7 +140,7 @@ def apply(p: Plan, view: View) -> Result:
             write_plot(doc, r.plot)
         except (SparkstackError, OSError) as exc:
             plot_error = str(exc) if isinstance(exc, SparkstackError) else f"{r.plot}: {exc.strerror or exc}"
-    return Result(report, doc, plot_error)
+    return Result(report, doc, plot_error, beside)
 
 
 def _notes(result: Result) -> list[str]:
@@ -104,7 +150,8 @@ def _notes(result: Result) -> list[str]:
 def _result_lines(p: Plan, result: Result) -> list:
     from sparkstack.bench.report import table
 
-    return [table(result.doc), *_notes(result)]
+    beside = [] if result.reference is None else ["", *result.reference.lines()]
+    return [table(result.doc), *_notes(result), *beside]
 
 
 def _failure(p: Plan, result: Result | None) -> str | None:
@@ -113,13 +160,14 @@ def _failure(p: Plan, result: Result | None) -> str | None:
     verdict = result.report.verdict()
     if verdict and p.request.out is not None:
         verdict = f"{verdict} (report: {p.request.out})"
-    return verdict or result.plot_error
+    return verdict or (result.reference.verdict() if result.reference is not None else "") or result.plot_error
 
 
 def _plan_lines(p: Plan) -> list[str]:
     from sparkstack.bench.report import plan_lines
 
-    return plan_lines(p.bench)
+    ref = [] if p.against is None else [f"then beside {p.against.reference.title} ({p.against.reference.path})"]
+    return [*plan_lines(p.bench), *ref]
 
 
 def _json_notes(p: Plan, result: Result) -> list[str]:
@@ -140,24 +188,47 @@ COMMAND = Command(("bench",), Request, plan, apply, plan_lines=_plan_lines, plan
 class CompareRequest:
     report_a: Path = argument(kind="path")
     report_b: Path = argument(kind="path")
+    reference: str | None = reference_option()
+    recipe: str | None = recipe_option()
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Accepted for uniformity: compare only reads.")
     as_json: bool = option(False, "--json", kind="flag")
 
 
-def _plan_compare(request: CompareRequest, environ: Mapping[str, str]):
-    from sparkstack.bench.compare import compare
+@dataclass(frozen=True)
+class ComparePlan:
+    cmp: object  # bench.compare.Comparison
+    beside: tuple = ()  # --reference: report A's and report B's ReferenceComparison
 
-    return compare(request.report_a, request.report_b)
+
+def _plan_compare(request: CompareRequest, environ: Mapping[str, str]) -> ComparePlan:
+    from sparkstack.bench.compare import compare, read_report
+
+    cmp = compare(request.report_a, request.report_b)
+    ref = against(request.reference, request.recipe, environ)
+    if ref is None:
+        return ComparePlan(cmp)
+    return ComparePlan(cmp, tuple(ref.beside(read_report(path)) for path in (request.report_a, request.report_b)))
 
 
-def _compare_lines(cmp) -> list:
+def _compare_lines(p: ComparePlan) -> list:
     from sparkstack.bench.compare import table
     from sparkstack.bench.report import settings_line
 
-    return [table(cmp), f"A: {settings_line(cmp.a[1])}", f"B: {settings_line(cmp.b[1])}"]
+    cmp = p.cmp
+    lines = [table(cmp), f"A: {settings_line(cmp.a[1])}", f"B: {settings_line(cmp.b[1])}"]
+    for name, (path, _), beside in zip("AB", (cmp.a, cmp.b), p.beside):
+        lines += ["", f"{name} ({path}) beside the reference:", *beside.lines()]
+    return lines
 
 
-COMPARE = Command(("compare",), CompareRequest, _plan_compare, lambda cmp, view: cmp,
-                  plan_lines=_compare_lines, plan_json=lambda cmp: cmp.to_json(),
-                  warnings=lambda cmp: (f"settings differ: {'; '.join(cmp.settings_differ)}",)
-                  if cmp.settings_differ else (), dry=lambda r: True)
+def _compare_json(p: ComparePlan) -> dict:
+    doc = p.cmp.to_json()
+    if p.beside:
+        doc["reference"] = {"a": p.beside[0].to_json(), "b": p.beside[1].to_json()}
+    return doc
+
+
+COMPARE = Command(("compare",), CompareRequest, _plan_compare, lambda p, view: p,
+                  plan_lines=_compare_lines, plan_json=_compare_json,
+                  warnings=lambda p: (f"settings differ: {'; '.join(p.cmp.settings_differ)}",)
+                  if p.cmp.settings_differ else (), dry=lambda r: True)

@@ -107,6 +107,7 @@ class Status:
     rows: tuple[Mapping[str, object], ...]
     last_run: Mapping[str, object] | None
     last_up: Mapping[str, object] | None
+    planned_kv: object = None  # recipe.kv.KvPlan of the deployment as it stands (None: its argv gave none)
 
 
 def stop(p: Plan, view: View) -> Stopped:
@@ -126,7 +127,19 @@ def status(p: Plan) -> Status:
     from sparkstack.state import read_up_record
 
     rows, last_run = launch_apply.status(p.launch, p.runners)
-    return Status(tuple(rows), last_run, read_up_record())
+    return Status(tuple(rows), last_run, read_up_record(), _planned_kv(p.launch))
+
+
+def _planned_kv(lp):
+    """The KV plan status sets beside the last boot's measurement; None when the argv's KV flags do not read (status
+    still shows the ranks)."""
+    from sparkstack.errors import SparkstackError
+    from sparkstack.launch.kv import plan_launch_kv
+
+    try:
+        return plan_launch_kv(lp)
+    except SparkstackError:
+        return None
 
 
 def apply(p: Plan, view: View):
@@ -186,7 +199,8 @@ def _result_lines(p: Plan, result) -> list[str]:
     if isinstance(result, Stopped):
         return []  # said as they happened
     if isinstance(result, Status):
-        return [*report.status_lines(list(result.rows), result.last_run), *report.last_up_lines(result.last_up)]
+        return [*report.status_lines(list(result.rows), result.last_run, planned_kv=result.planned_kv),
+                *report.last_up_lines(result.last_up)]
     return report.started_lines(result)
 
 
@@ -241,17 +255,101 @@ class KvRequest:
     recipe: str | None = option(None, "--recipe")
     kv_bytes: int | None = option(None, "--kv-bytes", kind=("int", 0, None),
                                   help="KV pool bytes (default: the recipe's KV pin).")
-    dry_run: bool = option(False, "--dry-run", kind="flag", help="Accepted for uniformity: plan kv only ever plans.")
+    from_boot: str | None = option(None, "--from-boot", kind="path?", metavar="[LOG]",
+                                   help="Put a boot's measured KV pool and tokens beside the plan: launch's latest run "
+                                        "record (no value), or LOG (a run record, or the head's `docker logs`).")
+    write: bool = option(False, "--write", kind="flag",
+                         help="With --from-boot: record the measurement in the recipe as [kv.boot] (comments kept); "
+                              "a pinned boot also becomes the recipe's per-token cost.")
+    dry_run: bool = option(False, "--dry-run", kind="flag", help="With --write: say what it would write, write "
+                                                                 "nothing (plan kv alone only ever plans).")
     as_json: bool = option(False, "--json", kind="flag")
 
 
-def _plan_kv(request: KvRequest, environ: Mapping[str, str]):
+@dataclass(frozen=True)
+class KvCommandPlan:
+    request: KvRequest
+    kv: object  # recipe.kv.KvPlan
+    calibration: object = None  # launch.calibrate.Calibration (--from-boot)
+    entry: object = None  # recipe.KvBoot, what --write records
+    recipe_path: Path | None = None
+
+
+def _measure(from_boot: str):
+    from sparkstack.errors import SparkstackError
+    from sparkstack.launch.apply import latest_record
+    from sparkstack.launch.calibrate import measure_record, read_boot_file
+    from sparkstack.state import launch_runs_dir
+
+    if from_boot:
+        return read_boot_file(Path(from_boot))
+    record = latest_record()
+    if record is None:
+        raise SparkstackError(f"no launch run record under {launch_runs_dir()}: launch first, or name a boot log: "
+                              "--from-boot LOG")
+    return measure_record(record)
+
+
+def _plan_kv(request: KvRequest, environ: Mapping[str, str]) -> KvCommandPlan:
+    import datetime
+
     from sparkstack.deploy import load_deployment
+    from sparkstack.errors import UsageError
+    from sparkstack.launch.calibrate import calibrate, kv_boot_entry
     from sparkstack.launch.kv import plan_launch_kv
     from sparkstack.launch.plan import plan_launch
+    from sparkstack.recipe import refuse_installed_recipe
 
-    return plan_launch_kv(plan_launch(load_deployment(request.recipe, environ), environ), request.kv_bytes)
+    r = request
+    if r.write and r.from_boot is None:
+        raise UsageError("--write records a boot's measurement: give --from-boot (the latest run) or --from-boot LOG")
+    lp = plan_launch(load_deployment(r.recipe, environ), environ)
+    kv = plan_launch_kv(lp, r.kv_bytes)
+    if r.from_boot is None:
+        return KvCommandPlan(r, kv)
+    cal = calibrate(kv, _measure(r.from_boot))
+    if not r.write:
+        return KvCommandPlan(r, kv, cal)
+    refuse_installed_recipe(lp.recipe)
+    entry = kv_boot_entry(cal.measured, datetime.date.today().isoformat())
+    return KvCommandPlan(r, kv, cal, entry, lp.recipe.path)
 
 
-PLAN_KV = Command(("plan", "kv"), KvRequest, _plan_kv, lambda p, view: p, plan_lines=lambda kv: kv.lines(),
-                  plan_json=lambda kv: kv.to_json(), dry=lambda r: True)
+def _apply_kv(p: KvCommandPlan, view: View) -> bool:
+    """--write: [kv.boot] into the recipe; whether the pinned pool also became its per-token cost."""
+    from sparkstack.recipe import load_recipe, write_kv_boot
+
+    return write_kv_boot(load_recipe(p.request.recipe), p.entry)
+
+
+def _entry_line(p: KvCommandPlan, written: bool | None) -> str:
+    e = p.entry
+    table = ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in e.toml().items())
+    cost = (f"; and [kv] measured_bytes = {e.pool_bytes}, measured_tokens = {e.tokens} (a pinned pool is exact: "
+            "the plan's per-token cost from now on)") if e.pool == "pin" else ""
+    said = "would write" if written is None else "wrote"
+    return f"{said} [kv.boot] in {p.recipe_path}: {table}{cost}"
+
+
+def _kv_lines(p: KvCommandPlan, written: bool | None = None) -> list[str]:
+    lines = list(p.kv.lines())
+    if p.calibration is not None:
+        lines += ["", "from the boot:", *p.calibration.lines()]
+    if p.entry is not None:
+        lines.append(_entry_line(p, written))
+    return lines
+
+
+def _kv_json(p: KvCommandPlan, written: bool | None = None) -> dict:
+    doc = p.kv.to_json()
+    if p.calibration is None:
+        return doc
+    doc = {"plan": doc, "calibration": p.calibration.to_json()}
+    if p.entry is not None:
+        doc |= {"recipe": str(p.recipe_path), "kv_boot": p.entry.to_json(), "written": written is not None,
+                "per_token_cost_moved": p.entry.pool == "pin"}
+    return doc
+
+
+PLAN_KV = Command(("plan", "kv"), KvRequest, _plan_kv, _apply_kv, plan_lines=_kv_lines, plan_json=_kv_json,
+                  result_lines=_kv_lines, result_json=_kv_json, dry=lambda r: r.dry_run or not r.write)
