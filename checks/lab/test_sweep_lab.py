@@ -11,8 +11,8 @@ user runs it (from one directory, with a HOME of its own, so the record is under
 3. the same sweep again: the three finished cells are kept (their launches' run records untouched, and the head's
    dockerd creates exactly two rank-0 containers: the cut cell's and the final relaunch's), the table holds every
    cell, and the recipe as it stands serves (the head engine's recorded argv);
-4. the same sweep once more: nothing to run, no boot, the table again (as JSON): per-position acceptance worked
-   out by hand from the stand-in's acceptance pattern and each cell's n;
+4. the same sweep once more: nothing to run, no boot, the table again (as JSON, and drawn by --plot): per-position
+   acceptance worked out by hand from the stand-in's acceptance pattern and each cell's n, and the boot's figures;
 5. `--leave-last-up` on a second sweep: its first cell is what serves (no boot), its last stays serving.
 
 With SPARKSTACK_SWEEP_TRANSCRIPT=FILE the runs' command lines and output go to FILE (the test's directory shown
@@ -72,27 +72,33 @@ def world(lab_with_image, tmp_path_factory):
     (work / "ssh_config").symlink_to(lab.ssh_config)
     (work / "home").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("SPARKSTACK_STATE_DIR", "XDG_STATE_HOME")}
-    env.update(HOME=str(work / "home"), HF_HOME=str(hf), IMAGE=image["name"], VLLM_API_KEY="lab-sweep-key")
+    env.update(HOME=str(work / "home"), HF_HOME=str(hf), IMAGE=image["name"], VLLM_API_KEY="lab-sweep-key",
+               PYTHONUNBUFFERED="1")  # stdout and stderr in one pipe, in a terminal's order
     w = {"lab": lab, "image": image, "work": work, "env": env, "home": work / "home"}
     try:
         yield w
     finally:
-        stopped = sparkstack(w, *argv("launch", "stop"))
+        stopped = sparkstack(w, *argv("launch stop"))
         assert stopped.returncode == 0, stopped.stderr
 
 
-def argv(*args: str) -> list[str]:
-    return [*args, "--recipe", "recipe.toml", "--profile", "lab", "--host-root", "hostroot", "--ssh-config",
-            "ssh_config"]
+def argv(command: str, *args: str) -> list[str]:
+    """`command` ("sweep", "launch stop") on the lab recipe, with the lab's options (launch's profile, host root,
+    ssh config) after the rest."""
+    return [*command.split(), "--recipe", "recipe.toml", *args, "--profile", "lab", "--host-root", "hostroot",
+            "--ssh-config", "ssh_config"]
 
 
 def head_argv(w, args) -> list[str]:
     return ["ip", "netns", "exec", w["lab"].head.netns, *sparkstack_cmd(), *args]
 
 
-def sparkstack(w, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(head_argv(w, args), cwd=w["work"], env=w["env"], capture_output=True, text=True,
-                          timeout=timeout)
+def sparkstack(w, *args: str, merged: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run in the head's network namespace, from the test's directory; `merged`: stderr into stdout, in the order
+    a terminal shows them (the runs whose output the transcript keeps)."""
+    proc = subprocess.run(head_argv(w, args), cwd=w["work"], env=w["env"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, timeout=timeout)
+    proc.stderr = proc.stderr or ""
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
 
@@ -102,7 +108,7 @@ def shown(w, text: str) -> str:
 
 
 def transcript(w, label: str, proc: subprocess.CompletedProcess) -> None:
-    """With SPARKSTACK_SWEEP_TRANSCRIPT=FILE, the run's command line and what it showed (stdout, then stderr)."""
+    """With SPARKSTACK_SWEEP_TRANSCRIPT=FILE, the run's command line and what it showed."""
     path = os.environ.get("SPARKSTACK_SWEEP_TRANSCRIPT")
     if path:
         args = proc.args[proc.args.index("sparkstack.cli") + 1:]
@@ -144,7 +150,7 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
     t0 = time.monotonic()
 
     # 1. The plan: the product's order (no cell shares a boot, none is what serves or the recipe as it stands).
-    proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--dry-run"))
+    proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--dry-run"), merged=True)
     transcript(w, "the plan (--dry-run)", proc)
     assert proc.returncode == 0, proc.stderr
     proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--dry-run", "--json"))
@@ -160,7 +166,7 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
 
     # 2. The sweep, cut by Ctrl-C while the last cell boots (the first and third have failed, the second is done).
     child = start(head_argv(w, argv("sweep", *VARY, *FAST, "--yes")), cwd=work, env=w["env"],
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     try:
         while True:
@@ -169,15 +175,16 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
                     break
             except (ValueError, OSError, KeyError):
                 pass  # no record yet, or one half written
-            assert child.poll() is None, "the sweep ended before it could be cut: " + child.communicate()[1]
+            assert child.poll() is None, "the sweep ended before it could be cut: " + child.communicate()[0]
             assert time.monotonic() < deadline, "the sweep never reached its last cell"
             time.sleep(0.01)
     finally:
         os.killpg(child.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, ssh and docker included
-    out, err = child.communicate(timeout=120)
-    cut = subprocess.CompletedProcess(child.args, child.returncode, out, err)
+    out, _ = child.communicate(timeout=120)
+    err = out  # one stream, as a terminal shows it: the progress lines are its stderr's
+    cut = subprocess.CompletedProcess(child.args, child.returncode, out, "")
     transcript(w, "the sweep, cut by Ctrl-C while cell 4 boots", cut)
-    assert child.returncode == 130, out + err
+    assert child.returncode == 130, out
     assert "Traceback" not in err
     doc = record(w)
     assert statuses(doc) == {1: "failed", 2: "done", 3: "failed", 4: "cut"}, doc
@@ -194,7 +201,7 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
 
     # 3. The same sweep again: the finished cells kept, the cut one run, then the recipe as it stands relaunched.
     since = time.time()
-    proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--yes"))
+    proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--yes"), merged=True)
     transcript(w, "the same sweep again: it resumes", proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for n in (1, 2, 3):
@@ -208,7 +215,7 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
     assert serving["what"] == "recipe" and serving["cell"] is None
     assert f"serving: the recipe as it stands (run {serving['run_id']})" in proc.stdout
     # The recipe as it stands serves: launch's status, and the argv the head's engine got.
-    status = json.loads(sparkstack(w, *argv("launch", "status", "--json")).stdout)
+    status = json.loads(sparkstack(w, *argv("launch status", "--json")).stdout)
     assert status["last_run"]["id"] == serving["run_id"] == plan["baseline"]
     assert [r["state"] for r in status["ranks"]] == ["running", "running"] and status["ranks"][0]["health"] == 200
     args = engine_argv(w)
@@ -216,9 +223,10 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
 
     # 4. Once more: every cell finished, the recipe serving: no boot, no bench, the table.
     since = time.time()
-    proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--yes", "--json"))
+    proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--yes", "--json", "--plot", "sweep.png"))
     assert proc.returncode == 0, proc.stderr
-    assert rank0_creates(w, since) == 0
+    assert rank0_creates(w, since) == 0 and "booting" not in proc.stderr
+    assert (work / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = {c["index"] + 1: c for c in json.loads(proc.stdout)["table"]["cells"]}
     # By hand, from PATTERN = (4, 3, 1, 0): a step accepts min(count, n) of its n drafted tokens, and every
     # request runs the pattern once (STANDIN_CYCLES=1), so the figures are the pattern's whatever the prompt.
@@ -245,12 +253,12 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
 
     # 5. --leave-last-up: a second sweep whose first cell is what serves now (no boot) and whose last stays up.
     leave = ("--vary", "NUM_SPEC_TOKENS=4,2", *FAST, "--leave-last-up")
-    proc = sparkstack(w, *argv("sweep", *leave, "--dry-run"))
+    proc = sparkstack(w, *argv("sweep", *leave, "--dry-run"), merged=True)
     transcript(w, "a second sweep that leaves its last cell up (--dry-run)", proc)
     assert "1. cell 1: NUM_SPEC_TOKENS=4: no boot: what serves now" in proc.stdout, proc.stdout
     assert "then: the last cell is left serving (--leave-last-up)" in proc.stdout
     since = time.time()
-    proc = sparkstack(w, *argv("sweep", *leave, "--yes"))
+    proc = sparkstack(w, *argv("sweep", *leave, "--yes"), merged=True)
     transcript(w, "a second sweep that leaves its last cell up", proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "the pair serves this boot already" in proc.stdout
