@@ -12,9 +12,10 @@ Unit tests run the same server in-process: `Engine(Behaviour(...)).start()`.
 
 Decoding is simulated step by step, as vLLM's spec decode does it: the first output token comes from the prefill;
 each later step is one draft of `num_speculative_tokens` tokens (n) of which the acceptance pattern's next count is
-accepted (at most n: a count above n accepts the whole draft), so the step emits accepted + 1 tokens and advances the counters exactly as vLLM defines them
-(drafts += 1, draft_tokens += n, accepted += a, accepted_per_pos[i] += 1 for every i < a). Each request starts the
-pattern afresh and runs `cycles` whole passes of it, so a block's figures follow from the pattern alone.
+accepted (at most n: a count above n accepts the whole draft), so the step emits accepted + 1 tokens and advances
+the counters exactly as vLLM defines them (drafts += 1, draft_tokens += n, accepted += a, accepted_per_pos[i] += 1
+for every i < a). Each request starts the pattern afresh and runs `cycles` whole passes of it, so a block's figures
+follow from the pattern and n alone.
 Only the Python standard library is used: it runs on any base with python3.
 """
 
