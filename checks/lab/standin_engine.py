@@ -4,15 +4,18 @@ As a script (inside a lab container) it takes the engine's argv as vLLM would, a
 - records its argv and environment (secrets as a sha256 prefix) as JSON to $STANDIN_RECORD (default /tmp/standin-record.json);
 - prints log lines like the engine's, including the boot lines launch looks for;
 - serves /health after $STANDIN_HEALTH_DELAY seconds, or never ("never"), or dies instead ("die");
+- dies with a fatal boot line when its argv holds what $STANDIN_DIE_ON names (`die_on`): one knob value's boot
+  fails while the others serve (sweep's lab test);
 - as a headless rank, dies after $STANDIN_HEADLESS_DIE_AFTER seconds when that is set;
 - serves /metrics and /v1/chat/completions as `Behaviour` (below) says, from STANDIN_* variables.
 Unit tests run the same server in-process: `Engine(Behaviour(...)).start()`.
 
 Decoding is simulated step by step, as vLLM's spec decode does it: the first output token comes from the prefill;
-each later step is one draft of `num_speculative_tokens` tokens of which the acceptance pattern's next count is
-accepted, so the step emits accepted + 1 tokens and advances the counters exactly as vLLM defines them
-(drafts += 1, draft_tokens += n, accepted += a, accepted_per_pos[i] += 1 for every i < a). Each request starts the
-pattern afresh and runs `cycles` whole passes of it, so a block's figures follow from the pattern alone.
+each later step is one draft of `num_speculative_tokens` tokens (n) of which the acceptance pattern's next count is
+accepted (at most n: a count above n accepts the whole draft), so the step emits accepted + 1 tokens and advances
+the counters exactly as vLLM defines them (drafts += 1, draft_tokens += n, accepted += a, accepted_per_pos[i] += 1
+for every i < a). Each request starts the pattern afresh and runs `cycles` whole passes of it, so a block's figures
+follow from the pattern and n alone.
 Only the Python standard library is used: it runs on any base with python3.
 """
 
@@ -50,6 +53,19 @@ def boot_script():
     BOOT_LINES; then $STANDIN_DIE_WITH's line, if set, and exit 1. Both may be keyed by rank (for_this_rank)."""
     default = [[0, f"INFO {time.strftime('%m-%d %H:%M:%S')} [standin] {line}"] for line in BOOT_LINES]
     return for_this_rank("STANDIN_BOOT_SCRIPT", default)
+
+
+def die_on():
+    """$STANDIN_DIE_ON: {"ARG": line, ...}; the line of the first ARG this rank's argv holds, else None. ARG is an
+    argv element ("--enforce-eager") or FLAG=VALUE, which holds when the element after FLAG is VALUE
+    ("--gpu-memory-utilization=0.95"). The line is printed after the boot script and the engine exits 1, as with
+    $STANDIN_DIE_WITH: so a recipe's [env] can make the boot of one knob value fail and leave the others serving."""
+    raw = os.environ.get("STANDIN_DIE_ON")
+    for want, line in (json.loads(raw) if raw else {}).items():
+        flag, eq, value = want.partition("=")
+        if (arg(flag) == value) if eq else want in sys.argv[1:]:
+            return line
+    return None
 
 
 def arg(name, default=None):
@@ -250,7 +266,7 @@ class Engine:
             if sent >= budget or self.stopping.is_set():
                 return
             time.sleep(delay + self.b.step_delay_per_request * self.running)
-            a = pattern[k % len(pattern)]
+            a = min(pattern[k % len(pattern)], self.b.spec_tokens)  # a draft of n tokens accepts at most n
             self.record_step(a)
             n = min(a + 1, budget - sent)
             sent += n
@@ -588,7 +604,7 @@ def main():
     for delay, line in boot_script():
         time.sleep(float(delay))
         print(line, flush=True)
-    die_with = for_this_rank("STANDIN_DIE_WITH", None)
+    die_with = for_this_rank("STANDIN_DIE_WITH", None) or die_on()
     if die_with:
         print(die_with, flush=True)
         sys.exit(1)

@@ -166,9 +166,9 @@ def apply(p: Plan, view: View) -> Result:
         if p.done_already(cell):
             view.say(f"cell {cell.index + 1} ({cell.label}): finished in an earlier run: kept")
             continue
-        state = mark(state, cell.index, _now(), status="booting", key=cell.key)
-        write_state(p.state_file, state)
-        try:
+        try:  # the mark too: a Ctrl-C while it is written (the record says "booting" already) is this cell's cut
+            state = mark(state, cell.index, _now(), status="booting", key=cell.key)
+            write_state(p.state_file, state)
             if current == cell.boot and current is not None:
                 view.say(f"cell {cell.index + 1} ({cell.label}): the pair serves this boot already (run {current})")
                 run_id, boot = current, _boot_of(current)
