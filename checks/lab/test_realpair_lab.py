@@ -60,7 +60,12 @@ def _key_lines(stdout: str) -> list[str]:
               if isinstance(r, dict) and "state" in r]
     lines += [f"cell c={c['concurrency']} {c['category']}: drafts {c['drafts']}, accepted {c['accepted_tokens']} of "
               f"{c['draft_tokens']}, acceptance length {c['acceptance_length']}, per position {c['per_position']}, "
-              f"output {c['output_tok_s']} tok/s, flags {c['flags']}" for c in doc.get("cells", [])]
+              f"output {c['output_tok_s']} tok/s, flags {c['flags']}" for c in doc.get("cells", [])
+              if isinstance(c, dict) and "concurrency" in c]  # bench's cells (a sweep's cells are its own)
+    table = doc.get("table") or {}
+    lines += [f"cell {c['index'] + 1} {c['knobs']}: {c['status']}, " + "; ".join(
+        f"c={r['concurrency']} {r['category']}: acceptance length {r['acceptance_length']}, per position "
+        f"{r['per_position']}" for r in c["rows"]) for c in table.get("cells", [])]
     return lines
 
 
