@@ -62,7 +62,7 @@ def _parameter(f, opt):
         given = {} if opt.required or many else {"default": f.default}  # click 8.3: an explicit None default is a value
         return click.argument(f.name, nargs=-1 if many else 1, required=opt.required and not many,
                               metavar=opt.metavar, type=None if many else _click_type(kind), **given)
-    common = {"help": opt.help or None, "envvar": opt.env, "show_default": opt.show_default,
+    common = {"help": opt.help or None, "envvar": opt.env, "show_default": bool(opt.show_default),
               "required": opt.required, "metavar": opt.metavar}
     if kind == "flag":
         return click.option(*opt.flags, f.name, is_flag=True, **common)
@@ -79,8 +79,8 @@ def _parameter(f, opt):
     default = f.default
     if kind == "ints" and default is not None:
         default = ",".join(map(str, default))
-    elif kind == "duration" and default is not None:
-        default = f"{default:g}s"
+    elif kind == "duration" and default is not None:  # as help shows it (5m), which the type reads back
+        default = opt.show_default if isinstance(opt.show_default, str) else f"{default:g}s"
     given = {} if opt.required else {"default": default}
     return click.option(*opt.flags, f.name, type=_click_type(kind), **given, **common)
 
