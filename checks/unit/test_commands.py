@@ -195,7 +195,7 @@ def test_cli_maps_options_and_renders_nothing_itself():
     assert len(text.splitlines()) < 500
     beyond = [f"{node.module}.{a.name}" for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom)
               and (node.module or "").startswith("sparkstack.")
-              and node.module not in ("sparkstack.command", "sparkstack.errors")
+              and node.module not in ("sparkstack.command", "sparkstack.errors", "sparkstack.text")
               for a in node.names if a.name != "command"]
     assert beyond == []
 
@@ -222,3 +222,14 @@ def test_an_argument_of_many_values_is_written_as_they_are():
     assert argv(("ship",), Request()) == ("sparkstack", "ship")
     assert argv(("ship",), Request(hosts=("w1", "w2"), streams=2)) == ("sparkstack", "ship", "w1", "w2",
                                                                        "--streams", "2")
+
+
+def test_a_usage_error_shows_the_users_value_escaped_on_one_line(tmp_path):
+    """A usage error echoes what was typed: an escape sequence or a line break in it is shown escaped."""
+    env = {**os.environ, "HOME": str(tmp_path), "SPARKSTACK_STATE_DIR": str(tmp_path / "state")}
+    for args in (["up", "--from", "fe\x1b[31mtch", "--dry-run"],
+                 ["sweep", "--vary", "NUM_SPEC_TOKENS=2", "--plot", str(tmp_path / "a\nb" / "x.png"), "--dry-run"]):
+        proc = subprocess.run([*sparkstack_cmd(), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode in (1, 2) and "\x1b" not in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sparkstack: error: "), proc.stderr

@@ -65,7 +65,7 @@ def test_an_empty_value_where_the_knob_gives_it_a_meaning():
     ([], "at least one --vary"),
     (["NUM_SPEC_TOKENS"], "expected KNOB=V1,V2"),
     (["NUM_SPEC_TOKEN=2,4"], "not a knob \\(did you mean NUM_SPEC_TOKENS\\?\\)"),
-    (["FLUX=2"], "not a knob; the knobs: IMAGE, NAME"),
+    (["FLUX=2"], "not a knob; the knobs a sweep varies: IMAGE, MODEL_CACHE_NAME"),
     (["API_PORT=8888,8889"], "API_PORT: not swept: it is where bench and /health reach the pair"),
     (["EAGER=0", "EAGER=1"], "given twice: list its values in one --vary EAGER=V1,V2"),
     (["NUM_SPEC_TOKENS=2,x"], "NUM_SPEC_TOKENS='x' is not a whole number >= 1"),

@@ -16,6 +16,7 @@ from sparkstack import interrupt, terminal
 from sparkstack.bench import command as bench_cmd
 from sparkstack.command import Command, declared, names
 from sparkstack.errors import SparkstackError, UsageError
+from sparkstack.text import printable
 from sparkstack.fetch import command as fetch_cmd
 from sparkstack.image import command as image_cmd
 from sparkstack.launch import command as launch_cmd
@@ -122,7 +123,7 @@ def one_line_errors(fn):
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(_shown(str(exc))) from None
         except SparkstackError as exc:
             _fail(_shown(str(exc)))
         except OSError as exc:
@@ -360,7 +361,7 @@ def entry() -> None:
         code = main.main(prog_name="sparkstack", standalone_mode=False)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "sparkstack"
-        click.echo(f"sparkstack: error: {exc.format_message()} (see `{where} --help`)", err=True)
+        click.echo(f"sparkstack: error: {printable(exc.format_message())} (see `{where} --help`)", err=True)
         sys.exit(2)
     except click.Abort:
         click.echo(f"sparkstack: interrupted{_by()}", err=True)

@@ -149,7 +149,7 @@ def _bench(p: Plan, index: int, view: View) -> tuple[Path, str | None]:
 
 
 def _salt(p: Plan) -> str:
-    return str(p.state["salt"]) if p.state is not None else p.bench.bench.salt
+    return str((p.state or {}).get("salt") or p.bench.bench.salt)
 
 
 def apply(p: Plan, view: View) -> Result:
@@ -161,7 +161,8 @@ def apply(p: Plan, view: View) -> Result:
     view.hide(p.bench.api_key)
     state = dict(p.state) if p.state is not None else new_state(p.sweep, _salt(p), p.settings, _now())
     write_state(p.state_file, state)
-    current = p.serving  # the run that serves now
+    # what serves now: its boot identity (a cell reuses it only when equal) and its launch run record's id
+    current, run = p.serving, p.serving
     for n, cell in enumerate(p.sweep.cells, 1):
         if p.done_already(cell):
             view.say(f"cell {cell.index + 1} ({cell.label}): finished in an earlier run: kept")
@@ -169,14 +170,14 @@ def apply(p: Plan, view: View) -> Result:
         try:  # the mark too: a Ctrl-C while it is written (the record says "booting" already) is this cell's cut
             state = mark(state, cell.index, _now(), status="booting", key=cell.key)
             write_state(p.state_file, state)
-            if current == cell.boot and current is not None:
-                view.say(f"cell {cell.index + 1} ({cell.label}): the pair serves this boot already (run {current})")
-                run_id, boot = current, _boot_of(current)
+            if current is not None and current == cell.boot:
+                view.say(f"cell {cell.index + 1} ({cell.label}): the pair serves this boot already (run {run})")
+                run_id, boot = run, _boot_of(run)
             else:
                 view.say(f"cell {cell.index + 1} ({cell.label}): booting")
-                current = None
+                current = run = None
                 run_id, boot = _boot(p, p.cells[cell.index], view)
-                current = run_id
+                current, run = cell.boot, run_id
             state = mark(state, cell.index, _now(), status="benching", run_id=run_id, boot=boot)
             write_state(p.state_file, state)
             report, fault = _bench(p, cell.index, view)
@@ -193,9 +194,9 @@ def apply(p: Plan, view: View) -> Result:
             failure = getattr(exc, "fatal", None) or {"line": str(exc), "diagnosis": "", "at_s": None, "rank": None}
             view.say(f"cell {cell.index + 1} ({cell.label}): failed: {failure['line']}")
             state = mark(state, cell.index, _now(), status="failed", failure=failure)
-            current = None
+            current = run = None
         write_state(p.state_file, state)
-    serving, failure = _finish(p, state, current, view)
+    serving, failure = _finish(p, current, run, view)
     state = {**state, "serving": serving}
     write_state(p.state_file, state)
     return Result(state, _report(p, state), _serving_words(serving), failure=failure)
@@ -208,13 +209,13 @@ def _boot_of(run_id: str) -> dict | None:
     return record.get("boot") if record and record.get("id") == run_id else None
 
 
-def _finish(p: Plan, state: Mapping, current: str | None, view: View) -> tuple[dict | None, str | None]:
+def _finish(p: Plan, current: str | None, run: str | None, view: View) -> tuple[dict | None, str | None]:
     """The relaunch of the recipe as it stands, unless the last cell is it, or it is to stay up."""
     last = p.sweep.cells[-1] if p.sweep.cells else None
     if p.request.leave_last_up:
-        return ({"what": "cell", "cell": last.index, "run_id": current} if current and last else None), None
+        return ({"what": "cell", "cell": last.index, "run_id": run} if run and last else None), None
     if current is not None and current == p.sweep.baseline:
-        return {"what": "recipe", "cell": None, "run_id": current}, None
+        return {"what": "recipe", "cell": None, "run_id": run}, None
     view.say("relaunching the recipe as it stands")
     try:
         run_id, _ = _boot(p, p.baseline, view)
@@ -254,7 +255,7 @@ def _plan_lines(p: Plan) -> list[str]:
 def _plan_json(p: Plan) -> dict:
     return {**p.sweep.to_json(), "record": str(p.state_file), "salt": _salt(p),
             "finished_already": [c.index for c in p.sweep.cells if p.done_already(c)], "serving_now": p.serving,
-            "dry_run": True}
+            "dry_run": p.request.dry_run}
 
 
 def _result_lines(p: Plan, r: Result) -> list[str]:

@@ -79,7 +79,8 @@ def parse_vary(specs: Sequence[str]) -> tuple[Vary, ...]:
             raise UsageError(f"--vary {show(spec)}: expected KNOB=V1,V2,... (e.g. NUM_SPEC_TOKENS=2,3,4)")
         if knob not in KNOB_KINDS:
             near = difflib.get_close_matches(knob.upper(), list(KNOB_KINDS), n=1)
-            hint = f" (did you mean {near[0]}?)" if near else f"; the knobs: {', '.join(KNOB_DEFAULTS)}"
+            hint = f" (did you mean {near[0]}?)" if near else \
+                f"; the knobs a sweep varies: {', '.join(k for k in KNOB_DEFAULTS if k not in NOT_SWEPT)}"
             raise UsageError(f"--vary {show(knob)}: not a knob{hint}")
         if knob in NOT_SWEPT:
             raise UsageError(f"--vary {knob}: not swept: {NOT_SWEPT[knob]}")
@@ -235,7 +236,7 @@ class SweepPlan:
 
     def lines(self) -> list[str]:
         vary = " x ".join(f"{v.knob} ({', '.join(v.values)})" for v in self.varies)
-        lines = [f"sweep {self.recipe}: {vary}: {len(self.cells)} cells, {self.boots} boot(s), about "
+        lines = [f"sweep {self.recipe}: {vary}: {len(self.cells)} cell{'' if len(self.cells) == 1 else 's'}, {self.boots} boot(s), about "
                  f"{_duration(self.estimate_s)}{'' if all(c.bench_s is not None for c in self.cells) else ' + bench'}"]
         for n, c in enumerate(self.cells, 1):
             how = f"boot ~{_duration(c.boot_s)} ({c.boot_from})" if c.boots else f"no boot: {c.reuses}"

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from sparkstack import fsio
 from sparkstack.bench.plot import agg_figure, check_destination, figure_png
+from sparkstack.errors import SparkstackError
 from sparkstack.sweep.report import SweepReport
+from sparkstack.text import printable
 
 COMMAND = "sparkstack sweep"
 PANELS = (("steps_per_s", "steps/s per stream (what the kit delivers)", "steps/s"),
@@ -67,7 +69,9 @@ def render_png(report: SweepReport) -> bytes:
 
 
 def check_plot(path: Path) -> None:
-    """Before the sweep: the picture's path is writable and replaces only a picture sweep drew."""
+    """Before the sweep: the picture is a .png, its path is writable, and it replaces only a picture sweep drew."""
+    if path.suffix.lower() != ".png":
+        raise SparkstackError(f"--plot {printable(str(path))}: the picture is a PNG: name it *.png")
     check_destination(path, COMMAND)
 
 

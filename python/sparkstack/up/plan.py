@@ -331,6 +331,7 @@ def plan_stage(name: str, r, environ: Mapping[str, str], earlier: Mapping[str, S
                last_run: Mapping[str, object] | None, ground: Ground) -> Stage:
     """Stage `name`: up's rule for it first, then its command's own plan and summary."""
     spec = SPECS[name]
+    rerun = ""  # until the stage's request is made
     try:
         if name == "build":
             ruled = _build_rule(r)
@@ -356,7 +357,7 @@ def plan_stage(name: str, r, environ: Mapping[str, str], earlier: Mapping[str, S
         if held is not None and name not in ("verify", "bench"):
             return held
     except Blocked as exc:
-        return Stage(name, BLOCKED, exc.detail, locals().get("rerun", ""), unblock=exc.unblock)
+        return Stage(name, BLOCKED, exc.detail, rerun, unblock=exc.unblock)
     try:
         plan = spec.command.plan(request, environ, **_ground_args(name, ground))
     except Blocked as exc:
