@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.command import UP_TO_DATE, WILL_RUN, Blocked, Command, Summary, View, argument, option
-from sparkstack.errors import SparkstackError
 
 PLACEHOLDER_SSH = "user@worker-node"  # the shipped recipe's WORKER_SSH, until the user names the worker
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,8 +171,6 @@ def stage_request(name: str, r, ground: Ground):
 
 def rerun_line(command: Command, request) -> str:
     """The command line a person runs to do this stage alone: the request, as a real run (no probe, no dry run)."""
-    import shlex
-
     fields = {f.name for f in dataclasses.fields(request)}
     real = dataclasses.replace(request, **{k: v for k, v in (("dry_run", False), ("probe", False)) if k in fields})
     return shlex.join(command.argv(real))
@@ -219,14 +218,8 @@ def _strip_source(r, ground: Ground) -> Stage | Path:
     fetched, served = d.local_hub / entry_name(d.recipe.model), d.local_hub / d.knobs["MODEL_CACHE_NAME"]
     if served == fetched:
         return Stage("strip", UP_TO_DATE, f"the recipe serves {served.name} as fetched: nothing to strip",
-                     shlex_join(("sparkstack", "strip", str(fetched))))
+                     shlex.join(("sparkstack", "strip", str(fetched))))
     return snapshot_dir(fetched, d.recipe.model_pin) if d.recipe.model_pin else fetched
-
-
-def shlex_join(argv) -> str:
-    import shlex
-
-    return shlex.join(argv)
 
 
 def _pin_base_line(r, reference: str) -> str:
@@ -250,7 +243,7 @@ def _build_rule(r) -> Stage | None:
     if r.pins_path is None:
         return Stage("build", BLOCKED, "no nix/pins.json found from here upward: run up in the checkout, or pass "
                      "--pins FILE (or --image, an image built already)", rerun,
-                     unblock=shlex_join(("sparkstack", "pin", "base", BLOG_BASE, "--platform", r.platform,
+                     unblock=shlex.join(("sparkstack", "pin", "base", BLOG_BASE, "--platform", r.platform,
                                          "--pins", "FILE")))
     try:
         pins = read_pins(r.pins_path)
@@ -264,7 +257,7 @@ def _build_rule(r) -> Stage | None:
         recipe = ["--recipe", r.recipe] if r.recipe is not None else []
         return Stage("build", BLOCKED, f"no base image here: pass --base DIR (an OCI layout or archive of the pinned "
                      f"manifest {pinned.manifest.digest[:19]}), or run `nix run .#up`, which builds it from the pins",
-                     rerun, unblock=shlex_join(("nix", "run", ".#up", "--", *recipe)))
+                     rerun, unblock=shlex.join(("nix", "run", ".#up", "--", *recipe)))
     return None
 
 
