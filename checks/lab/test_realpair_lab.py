@@ -13,7 +13,7 @@ One pair for the module, in order (each test needs the one before):
    `launch status` with both ranks' timelines read from their real logs; verify at temperature 1 (it fails exactly
    its sampling check: vLLM CPU's fault under speculative decoding), bench's counters against the head's own
    /metrics deltas;
-3. a sweep of the drafter's length (2 and 4) through `sweep`, ending on the recipe as it stands;
+3. a sweep of the drafter's length (2 and 4) through `sweep`, its last cell left serving;
 4. the design card's order: `launch stop`, `launch 1`, then `launch 0` (the running worker is what it expects);
 5. the worker's container killed during a short soak: soak logs the failure, `launch status` names rank 1, and
    `launch stop` leaves nothing on either host.
@@ -287,20 +287,20 @@ def test_verify_finds_the_engines_fault_and_bench_counts_what_the_head_counts(pa
 
 def test_a_sweep_of_the_drafts_length_on_the_real_pair(pair):
     """`sweep --vary NUM_SPEC_TOKENS=2,4`: the drafter drafts 4 tokens back (build_drafter.py's LAG), so at 2 and at 4
-    every draft after the warm-up is accepted: each cell's per-position list is as long as its n, acceptance length
-    grows with n, and the recipe as it stands (n=4, what up launched) serves at the end. The pair serves n=4 now, so
-    that cell needs no boot; n=2 boots, and the relaunch of the recipe boots once more."""
+    every draft after the warm-up is accepted: each cell's per-position list is as long as its n, and acceptance
+    length grows with n. The pair serves n=4 now, so that cell needs no boot; n=2 boots and, with --leave-last-up,
+    stays serving (the next test relaunches the recipe; the stand-in lab's sweep test checks sweep's own relaunch)."""
     world, lab = pair, pair.lab
     common = ("--recipe", "my-recipe.toml", "--image", "image", "--profile", "lab", "--host-root", "hostroot",
               "--ssh-config", "ssh_config", "--health-interval", "1", "--health-attempts", "600", "--no-gates",
               "--vary", "NUM_SPEC_TOKENS=2,4", "--bench-concurrency", "1", "--bench-rounds", "1", "--bench-category",
-              "count", "--bench-max-tokens", "64", "--temperature", "0")
+              "count", "--bench-max-tokens", "64", "--temperature", "0", "--leave-last-up")
     proc = world.sparkstack("sweep", *common, "--dry-run", "--json", check=False)
     _record("sweep --dry-run", proc, keep=20)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     planned = json.loads(proc.stdout)
     order = [(c["knobs"]["NUM_SPEC_TOKENS"], c["boots"]) for c in planned["cells"]]
-    assert order == [("4", False), ("2", True)] and planned["final_boot"] and planned["boots"] == 2, planned
+    assert order == [("4", False), ("2", True)] and not planned["final_boot"] and planned["boots"] == 1, planned
 
     proc = world.sparkstack("sweep", *common, "--yes", "--json", "--plot", "sweep.png", check=False, timeout=1800)
     _record("sweep --yes", proc, keep=40)
@@ -315,10 +315,10 @@ def test_a_sweep_of_the_drafts_length_on_the_real_pair(pair):
         lengths[n] = cell["acceptance_length"]
     assert 2.5 < lengths["2"] <= 3.0 and lengths["2"] < lengths["4"] <= 5.0, lengths
     assert rows["2"]["boot"]["kv_tokens"] and rows["2"]["boot"]["ready_s"] > 0, rows["2"]
-    assert done["serving"].startswith("the recipe as it stands")
+    assert done["serving"].startswith("cell 1 ")  # the last cell run: n=2, left up
     head = _engine_argv(_inspect(lab.head, realpair.CONTAINERS[0]))
     spec = json.loads(head[head.index("--speculative-config") + 1])
-    assert spec["num_speculative_tokens"] == 4  # the recipe's own, relaunched
+    assert spec["num_speculative_tokens"] == 2
     assert (world.work / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _note(sweep={"table": done["table"], "serving": done["serving"]})
     again = world.sparkstack("sweep", *common, "--dry-run", "--json", check=False)
