@@ -205,6 +205,7 @@ class Engine:
         self.health_after = 0.0  # seconds after start; None: never healthy
         self.unhealthy = False   # a test flips it to make /health flap
         self.requests_seen = []  # (method, path, Authorization header or None) of every request, in order
+        self.chat_bodies = []    # every chat request's parsed JSON body, in order
         self.connections = set()  # open client sockets: a stop closes them, as a dying engine's would close
 
     # -- bookkeeping
@@ -431,6 +432,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, "request body is not JSON")
             return
         engine = self.engine
+        engine.chat_bodies.append(body)
         prompt = _prompt_text(body.get("messages"))
         number, prompt_tokens, delay = engine.admit(prompt)
         try:

@@ -17,7 +17,7 @@ from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, serving
 from sparkstack.cli import verify as verify_cmd
 from sparkstack.verify import CHECKS, plan_verify, run_verify, verdict
-from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, TOOL_ARGS, TOOL_NAME
+from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, SPEC_PROMPT, TOOL_ARGS, TOOL_NAME
 
 NAMES = [c.name for c in CHECKS]
 REQUIRED = {c.name for c in CHECKS if c.required}
@@ -64,6 +64,17 @@ def test_every_check_passes_against_the_default_standin():
     assert by_name["prefix-cache"].detail.endswith(f"+{tokens} hit tokens of +{2 * tokens} queried")
     assert by_name["reasoning"].detail.startswith("no reasoning in this answer")
 
+
+
+def test_spec_decode_asks_greedily_and_sampling_at_the_serving_temperature():
+    with serving() as engine:
+        plan = plan_verify(engine.url, None, "VLLM_API_KEY", {}, 30.0, 1.0)
+        statuses(run_verify(plan, None))
+        streamed = [b for b in engine.chat_bodies if b.get("stream")]
+        with_logprobs = [b for b in engine.chat_bodies if b.get("logprobs")]
+    spec = [b for b in streamed if b["messages"][-1]["content"] == SPEC_PROMPT]
+    assert len(spec) == 1 and spec[0]["temperature"] == 0, spec
+    assert len(with_logprobs) == 1 and with_logprobs[0]["temperature"] == 1.0, with_logprobs
 
 # fault mode -> the checks it must break, and a word each detail must carry; every other check passes
 FAULTS = [
