@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,20 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return WhenMade(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With SPARKSTACK_TEST_TIMELINE=FILE (.ci/run sets it), each test's worker, start and end (epoch seconds) go to
+    FILE, one line each: CI's report then shows what each worker did when (checks/slowest.py). Only an xdist
+    worker writes: a pytest a test runs inside (it inherits the variable) would count its tests twice."""
+    path = os.environ.get("SPARKSTACK_TEST_TIMELINE")
+    began = time.time()
+    yield
+    if path and hasattr(item.config, "workerinput"):
+        worker = item.config.workerinput["workerid"]
+        with open(path, "a") as f:  # one short write per line: the workers' lines do not interleave
+            f.write(f"{worker}\t{began:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
 
 
 @pytest.fixture

@@ -47,6 +47,20 @@ def test_the_slowest_table_reads_a_junit_report(tmp_path):
                                                (3.0, "checks.unit.test_c::test_mid")]
 
 
+
+def test_the_timeline_shows_each_workers_span_and_each_groups():
+    import slowest
+
+    lines = ["gw0\t1000.0\t1010.0\tchecks/unit/test_a.py::test_x\n",
+             "gw1\t1002.0\t1102.0\tchecks/lab/test_r.py::test_up@realpair\n",
+             "gw0\t1010.0\t1013.5\tchecks/unit/test_a.py::test_y\n",
+             "gw1\t1102.0\t1150.0\tchecks/lab/test_r.py::test_sweep@realpair\n"]
+    rows = [line.split() for line in slowest.timeline(lines)]
+    # worker, tests, busy seconds, first start and last end (seconds after the first test began)
+    assert rows[1:3] == [["gw0", "2", "14", "0", "14"], ["gw1", "2", "148", "2", "150"]]
+    assert rows[3] == ["@realpair", "2", "148", "2", "150", "on", "gw1"]
+    assert slowest.timeline([]) == []
+
 def test_the_vllm_tier_waits_for_the_install_ci_runs_beside_it(tmp_path):
     """CI starts pytest before the vLLM venv is installed; a test that needs vLLM waits for the READY file, and a
     failed (or never finished) install fails it in one line instead of a skip or a hang."""
@@ -68,7 +82,8 @@ def test_a_group_waiting_for_its_ready_file_is_handed_out_after_the_rest(tmp_pat
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARKSTACK_VLLM_PYTHON", "SPARKSTACK_REQUIRE_LAB")}
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARKSTACK_VLLM_PYTHON", "SPARKSTACK_REQUIRE_LAB",
+                                                             "SPARKSTACK_TEST_TIMELINE")}  # its tests are not CI's
     env["SPARKSTACK_VLLM_READY"] = str(tmp_path / "not-yet")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
                            "-v", "checks/engine/test_engine_verify.py", "checks/unit/test_docs.py",
