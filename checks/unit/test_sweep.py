@@ -61,6 +61,21 @@ def test_an_empty_value_where_the_knob_gives_it_a_meaning():
     assert parse_vary(["KV_CACHE_MEMORY=,10247694336"]) == (Vary("KV_CACHE_MEMORY", ("", "10247694336")),)
 
 
+def test_values_that_differ_for_the_knob_are_kept_as_spelled():
+    """Only the knob's kind decides sameness: no pin and a pin of 0 bytes differ, and a name's case is its own."""
+    assert parse_vary(["KV_CACHE_MEMORY=,0", "GPU_MEM_UTIL=0.9,0.95"]) == (
+        Vary("KV_CACHE_MEMORY", ("", "0")), Vary("GPU_MEM_UTIL", ("0.9", "0.95")))
+    assert parse_vary(["MOE_BACKEND=marlin,Marlin"]) == (Vary("MOE_BACKEND", ("marlin", "Marlin")),)
+
+
+def test_one_value_spelled_twice_is_one_line_from_the_cli(run_cli, tmp_path):
+    proc = run_cli("sweep", "--vary", "GPU_MEM_UTIL=0.9,0.90", "--dry-run",
+                   env={"SPARKSTACK_STATE_DIR": str(tmp_path / "state"), "HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == ["sparkstack: error: --vary GPU_MEM_UTIL: '0.9' and '0.90' are the same value; "
+                                        "give it once (see `sparkstack sweep --help`)"]
+
+
 @pytest.mark.parametrize("specs, error", [
     ([], "at least one --vary"),
     (["NUM_SPEC_TOKENS"], "expected KNOB=V1,V2"),
@@ -73,6 +88,12 @@ def test_an_empty_value_where_the_knob_gives_it_a_meaning():
     (["NUM_SPEC_TOKENS=2,"], "NUM_SPEC_TOKENS='' is not a whole number"),
     (["GPU_MEM_UTIL=0.9,1.5"], "GPU_MEM_UTIL='1.5' is not a fraction"),
     (["NUM_SPEC_TOKENS=2,4,2"], "the value '2' is given twice"),
+    # two spellings of one value, as the knob's kind reads them: one configuration, not two cells
+    (["GPU_MEM_UTIL=0.9,0.90"], "GPU_MEM_UTIL: '0.9' and '0.90' are the same value; give it once"),
+    (["GPU_MEM_UTIL=.85,0.9,0.850"], "GPU_MEM_UTIL: '.85' and '0.850' are the same value"),
+    (["NUM_SPEC_TOKENS=4,2,04"], "NUM_SPEC_TOKENS: '4' and '04' are the same value"),
+    (["KV_CACHE_MEMORY=,010,10"], "KV_CACHE_MEMORY: '010' and '10' are the same value"),
+    (["EAGER=,0"], "EAGER: '' and '0' are the same value"),
     (["NUM_SPEC_TOKENS=" + ",".join(map(str, range(1, 10))), "MAX_NUM_SEQS=" + ",".join(map(str, range(1, 9)))],
      "72 cells \\(the product of 9 x 8\\); at most 64"),
 ])

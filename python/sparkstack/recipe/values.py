@@ -19,6 +19,23 @@ from sparkstack.text import quoted
 
 Kind = Callable[[str], "str | None"]
 
+# How a valid value of a kind reads, for the kinds where two spellings can stand for one value (04 and 4, 0.9 and
+# 0.90): `meaning` compares values through it. The other kinds' values are their spelling.
+_READS: dict[Kind, Callable[[str], object]] = {}
+
+
+def reads(read: Callable[[str], object]) -> Callable[[Kind], Kind]:
+    """Declare how a kind's valid values read (decorator)."""
+    def declare(kind: Kind) -> Kind:
+        _READS[kind] = read
+        return kind
+    return declare
+
+
+def meaning(kind: Kind, value: str) -> object:
+    """What a valid value of `kind` stands for: two values with one meaning configure the same thing."""
+    return _READS.get(kind, str)(value)
+
 INT_MAX = 2**63 - 1
 # Characters no knob or recipe value may hold: controls, invisible marks, lone surrogates, private-use and
 # unassigned code points, line breaks. Every category str.isprintable() refuses except the spaces (Zs), so a
@@ -64,13 +81,17 @@ def matching(pattern: re.Pattern, what: str) -> Kind:
 
 
 def whole_number(lo: int, hi: int, what: str) -> Kind:
+    @reads(int)
     def check(value: str) -> str | None:
         return None if _DIGITS.fullmatch(value) and lo <= int(value) <= hi else f"is not {what}"
     return check
 
 
 def or_empty(kind: Kind) -> Kind:
-    return lambda value: None if value == "" else kind(value)
+    @reads(lambda value: "" if value == "" else meaning(kind, value))
+    def check(value: str) -> str | None:
+        return None if value == "" else kind(value)
+    return check
 
 
 count = whole_number(1, INT_MAX, "a whole number >= 1 (digits 0-9 only)")
@@ -94,11 +115,13 @@ def commit_or_unpinned(value: str) -> str | None:
     return None if ok else f'is neither "{UNPINNED}" nor a commit hash (40 lowercase hex digits)'
 
 
+@reads(float)
 def fraction(value: str) -> str | None:
     ok = _DECIMAL.fullmatch(value) and 0 < float(value) <= 1
     return None if ok else "is not a fraction in (0, 1] (e.g. 0.90)"
 
 
+@reads(lambda value: value == "1")  # "" and "0" both leave CUDA graphs on
 def eager(value: str) -> str | None:
     return None if value in ("", "0", "1") else "is not valid: expected 0 or 1 (or empty)"
 

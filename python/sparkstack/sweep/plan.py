@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from sparkstack.errors import UsageError
 from sparkstack.launch.apply import boot_id
 from sparkstack.launch.plan import LaunchPlan, plan_launch_from_recipe
-from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, Recipe
+from sparkstack.recipe import KNOB_DEFAULTS, KNOB_KINDS, Recipe, meaning
 from sparkstack.text import quoted as show
 
 MAX_CELLS = 64  # at about 15 minutes a boot, 64 cells are 16 hours
@@ -91,9 +91,7 @@ def parse_vary(specs: Sequence[str]) -> tuple[Vary, ...]:
             problem = KNOB_KINDS[knob](value)
             if problem:
                 raise UsageError(f"--vary {knob}={show(value)} {problem}")
-        twice = next((v for i, v in enumerate(parts) if v in parts[:i]), None)
-        if twice is not None:
-            raise UsageError(f"--vary {knob}: the value {show(twice)} is given twice")
+        _refuse_one_value_twice(knob, parts)
         out.append(Vary(knob, tuple(parts)))
     size = 1
     for v in out:
@@ -102,6 +100,21 @@ def parse_vary(specs: Sequence[str]) -> tuple[Vary, ...]:
         raise UsageError(f"--vary: {size} cells (the product of {' x '.join(str(len(v.values)) for v in out)}); at "
                          f"most {MAX_CELLS}: at about 15 minutes a boot, that is already a long night")
     return tuple(out)
+
+
+def _refuse_one_value_twice(knob: str, values: Sequence[str]) -> None:
+    """Two values that mean the same for the knob's kind (0.9 and 0.90, 04 and 4) would be two cells of one
+    configuration: the second costs a boot or a bench and measures nothing new."""
+    seen: dict[object, str] = {}  # a meaning -> the first value given for it
+    for value in values:
+        meant = meaning(KNOB_KINDS[knob], value)
+        if meant not in seen:
+            seen[meant] = value
+            continue
+        first = seen[meant]
+        if first == value:
+            raise UsageError(f"--vary {knob}: the value {show(value)} is given twice")
+        raise UsageError(f"--vary {knob}: {show(first)} and {show(value)} are the same value; give it once")
 
 
 def product(varies: Sequence[Vary]) -> tuple[tuple[tuple[str, str], ...], ...]:
