@@ -41,6 +41,30 @@ def test_usage_errors_are_one_line_and_exit_2(run_cli, args, env):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args,env,line", [
+    (["launch", "all", "--dry-run"], {"HEALTH_INTERVAL": "abc"},
+     "HEALTH_INTERVAL='abc' (for --health-interval): 'abc' is not a number"),
+    (["launch", "0", "--dry-run"], {"HEALTH_ATTEMPTS": "lots"}, "HEALTH_ATTEMPTS='lots' (for --health-attempts): "),
+    (["sweep", "--vary", "EAGER=0,1", "--dry-run"], {"WORKER_DELAY": "nan"},
+     "WORKER_DELAY='nan' (for --worker-delay): 'nan' is not a finite number"),
+])
+def test_a_bad_value_from_the_environment_names_its_variable(run_cli, tmp_path, args, env, line):
+    """The user may not know the variable is set: the line names it, its value and the option it feeds."""
+    proc = run_cli(*args, env={**env, "SPARKSTACK_STATE_DIR": str(tmp_path / "state"), "HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+    (only,) = proc.stderr.splitlines()
+    assert only.startswith(f"sparkstack: error: {line}"), only
+
+
+def test_a_bad_value_on_the_command_line_is_named_by_its_option(run_cli, tmp_path):
+    """The variable is set but the command line wins: the line names the option the bad value was given to."""
+    proc = run_cli("launch", "all", "--dry-run", "--health-interval", "abc",
+                   env={"HEALTH_INTERVAL": "5", "SPARKSTACK_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["sparkstack: error: Invalid value for '--health-interval': 'abc' is not a number "
+                                        "(see `sparkstack launch --help`)"]
+
+
 @pytest.mark.parametrize("value", ["-1", "-0.5", "-inf"])
 def test_a_negative_memory_guard_is_out_of_range_not_an_unknown_option(run_cli, value):
     proc = run_cli("launch", "all", "--dry-run", f"--memory-guard={value}")

@@ -64,7 +64,7 @@ def _parameter(f, opt):
         return click.argument(f.name, nargs=-1 if many else 1, required=opt.required and not many,
                               metavar=opt.metavar, type=None if many else _click_type(kind), **given)
     common = {"help": opt.help or None, "envvar": opt.env, "show_default": bool(opt.show_default),
-              "required": opt.required, "metavar": opt.metavar}
+              "required": opt.required, "metavar": opt.metavar, "cls": terminal.EnvOption if opt.env else click.Option}
     if kind == "flag":
         return click.option(*opt.flags, f.name, is_flag=True, **common)
     if kind == "toggle":

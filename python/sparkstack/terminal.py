@@ -7,9 +7,11 @@ import math
 import sys
 
 import click
+from click.core import ParameterSource
 
 from sparkstack.command import StageRows, View
 from sparkstack.errors import UsageError
+from sparkstack.text import quoted
 
 
 class FiniteFloat(click.ParamType):
@@ -43,6 +45,21 @@ class OptionalValueCommand(click.Command):
                     if eq and name in param.opts and value.startswith("-"):
                         param.type.convert(value, param, ctx)
         return super().parse_args(ctx, args)
+
+
+class EnvOption(click.Option):
+    """An option an environment variable may set: a bad value from the variable is refused naming the variable,
+    which the user may not know is set (HEALTH_INTERVAL='abc' (for --health-interval): ...); a bad value from the
+    command line keeps click's own message."""
+
+    def type_cast_value(self, ctx, value):
+        try:
+            return super().type_cast_value(ctx, value)
+        except click.BadParameter as exc:
+            if ctx.get_parameter_source(self.name) is not ParameterSource.ENVIRONMENT:
+                raise
+            raise click.UsageError(f"{self.envvar}={quoted(value)} (for {self.opts[0]}): {exc.message}", ctx) from None
+
 
 def transfer_bar():
     """A started rich Progress on stderr with bytes, speed and time left; gone when stopped."""
