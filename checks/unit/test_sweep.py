@@ -3,6 +3,7 @@ boot identities from the real launch plans, content keys, boot estimates from ru
 table with compare's noise bands and the boot's figures, a failed cell's row, and the picture."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,68 @@ def test_a_cell_equal_to_what_serves_now_needs_no_boot():
     up = plan_sweep(RECIPE, vs, fake("other"), launches, image_id="sha256:" + "1" * 64, serving=serving,
                     leave_last_up=True)
     assert not up.final_boot and up.boots == 1 and "left serving" in up.lines()[-1]
+
+
+def test_a_resume_counts_only_the_cells_left():
+    """Cells an earlier run finished (their content keys in the record) are kept: no boot, no time in the estimate."""
+    vs = parse_vary(["NUM_SPEC_TOKENS=2,3,4"])
+    image = "sha256:" + "5" * 64
+    launches = [fake("n2"), fake("n3"), fake("n4")]
+    whole = plan_sweep(RECIPE, vs, fake("base"), launches, image_id=image, bench=BENCH)
+    assert whole.boots == 4 and whole.estimate_s == 4 * DEFAULT_BOOT_S  # three cells and the final relaunch
+    resumed = plan_sweep(RECIPE, vs, fake("base"), launches, image_id=image, bench=BENCH,
+                         finished={whole.cells[0].key, whole.cells[1].key})
+    assert [(c.index, c.finished, c.boots, c.boot_s) for c in resumed.cells] == [
+        (0, True, False, 0.0), (1, True, False, 0.0), (2, False, True, DEFAULT_BOOT_S)]
+    assert resumed.boots == 2 and resumed.estimate_s == 2 * DEFAULT_BOOT_S  # cell 3 and the final relaunch
+    lines = resumed.lines()
+    assert lines[0] == f"sweep {RECIPE}: NUM_SPEC_TOKENS (2, 3, 4): 3 cells (2 finished), 2 boot(s), about 30 min + bench"
+    assert lines[1:3] == ["  1. cell 1: NUM_SPEC_TOKENS=2: finished in an earlier run: kept",
+                          "  2. cell 2: NUM_SPEC_TOKENS=3: finished in an earlier run: kept"]
+    assert resumed.to_json()["cells"][0]["finished"] is True and resumed.to_json()["estimate_s"] == 2 * DEFAULT_BOOT_S
+
+
+def test_a_resume_boots_the_cell_whose_boot_was_a_finished_cells():
+    """Cells 1 and 2 share a boot; cell 1 is finished, so nothing booted it in this run: cell 2 boots."""
+    vs = parse_vary(["NUM_SPEC_TOKENS=2,3,4"])
+    image = "sha256:" + "6" * 64
+    launches = [fake("x"), fake("x"), fake("base")]
+    whole = plan_sweep(RECIPE, vs, fake("base"), launches, image_id=image)
+    assert [c.boots for c in whole.cells] == [True, False, True] and whole.boots == 2
+    resumed = plan_sweep(RECIPE, vs, fake("base"), launches, image_id=image, finished={whole.cells[0].key})
+    assert [(c.boots, c.reuses) for c in resumed.cells] == [(False, None), (True, None), (True, None)]
+    assert resumed.boots == 2 and resumed.estimate_s == 2 * DEFAULT_BOOT_S
+    # every cell finished and the recipe as it stands serving: nothing to boot, nothing to wait for
+    serving = fake("base").boot(image)
+    done = plan_sweep(RECIPE, vs, fake("base"), launches, image_id=image, serving=serving,
+                      finished={c.key for c in whole.cells})
+    assert done.boots == 0 and done.estimate_s == 0 and not done.final_boot
+    assert done.lines()[0].endswith("3 cells (3 finished), 0 boot(s), about 0 min")
+
+
+def test_a_resumed_dry_run_estimates_the_cells_left(run_cli, tmp_path):
+    """Through the CLI: a record with cell 1 done; the dry run counts cell 2's boot alone (the recipe as it stands,
+    NUM_SPEC_TOKENS=4, runs last: no final relaunch). --image is a layout, so the content keys are known."""
+    import imagefix as fx
+
+    base = tmp_path / "base"
+    fx.write_base(base)
+    env = {"SPARKSTACK_STATE_DIR": str(tmp_path / "state"), "HF_HOME": str(tmp_path / "hf")}
+    sweep = ("sweep", "--vary", "NUM_SPEC_TOKENS=2,4", "--image", base, "--dry-run")
+    first = json.loads(run_cli(*sweep, "--json", env=env, check=0).stdout)
+    assert first["boots"] == 2 and first["estimate_s"] == 2 * DEFAULT_BOOT_S and first["finished_already"] == []
+    cells = [{"index": c["index"], "knobs": c["knobs"], "key": c["key"], "status": "pending", "run_id": None,
+              "boot": None, "report": None, "failure": None, "started_at": None, "finished_at": None}
+             for c in first["cells"]]
+    cells[0]["status"] = "done"
+    write_state(Path(first["record"]), {"version": 1, "sweep": "x", "recipe": RECIPE, "vary": first["vary"],
+                                       "salt": first["salt"], "bench": {}, "cells": cells, "serving": None})
+    again = json.loads(run_cli(*sweep, "--json", env=env, check=0).stdout)
+    assert again["finished_already"] == [0] and again["boots"] == 1 and again["estimate_s"] == DEFAULT_BOOT_S
+    lines = run_cli(*sweep, env=env, check=0).stdout.splitlines()
+    assert lines[0] == f"sweep {RECIPE}: NUM_SPEC_TOKENS (2, 4): 2 cells (1 finished), 1 boot(s), about 15 min + bench"
+    assert lines[1] == "  1. cell 1: NUM_SPEC_TOKENS=2: finished in an earlier run: kept"
+    assert lines[-1].startswith("resumes ") and lines[-1].endswith(": cells 1 finished already")
 
 
 def test_boot_estimates_from_run_records():

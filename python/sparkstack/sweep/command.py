@@ -65,9 +65,7 @@ class Plan:
     serving: str | None = None  # the run that serves now, healthy
 
     def done_already(self, cell) -> bool:
-        from sparkstack.sweep.state import finished
-
-        return self.state is not None and finished(self.state, cell.key) is not None
+        return cell.finished  # the plan's: its key is a finished cell's in the record
 
 
 def _image_id(p) -> str | None:
@@ -83,7 +81,7 @@ def _image_id(p) -> str | None:
 
 def plan(request: Request, environ: Mapping[str, str]) -> Plan:
     from sparkstack.sweep.plan import CellLaunch, parse_vary, plan_sweep, product
-    from sparkstack.sweep.state import read_run_records, read_state, recover, state_path, sweep_id
+    from sparkstack.sweep.state import finished_keys, read_run_records, read_state, recover, state_path, sweep_id
 
     r = request
     varies = parse_vary(r.vary)
@@ -102,17 +100,19 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
         category=r.bench_category, max_tokens=r.bench_max_tokens, temperature=r.temperature,
         api_key_env=r.api_key_env), environ)
     settings = bench.bench.to_json()["settings"]
+    path = state_path(sweep_id(baseline.launch.recipe.name, varies, settings))
+    state = read_state(path)
+    if state is not None:
+        state = recover(state, _now())
     sweep = plan_sweep(baseline.launch.recipe.name, varies, CellLaunch.of(baseline.launch),
                        tuple(CellLaunch.of(cells[i].launch) for i in sorted(cells)), image_id=image_id,
-                       serving=serving, records=read_run_records(), bench=settings, leave_last_up=r.leave_last_up)
+                       serving=serving, records=read_run_records(), bench=settings, leave_last_up=r.leave_last_up,
+                       finished=() if state is None else finished_keys(state))
     if r.plot is not None:
         from sparkstack.sweep.plot import check_plot
 
         check_plot(r.plot)
-    path = state_path(sweep_id(sweep.recipe, sweep.varies, settings))
-    state = read_state(path)
-    return Plan(r, sweep, baseline, cells, bench, settings, path,
-                None if state is None else recover(state, _now()), serving)
+    return Plan(r, sweep, baseline, cells, bench, settings, path, state, serving)
 
 
 def _now() -> str:

@@ -15,6 +15,9 @@ a run record is named by):
 - a cell equal to what serves now (the latest run record's id, its pair healthy: the apply checks both) needs no
   boot: its group runs first.
 
+A resumed sweep keeps the cells an earlier run finished (its record's content keys): they neither boot nor count
+in the estimate, and the cell after one runs on what the cell before it left serving.
+
 At the end the sweep relaunches the recipe as it stands (the baseline), unless told to leave the last cell up:
 so a group equal to the baseline runs last, and the final relaunch is then free. Between groups the order is the
 order of the product (the first --vary knob changes slowest), so a table reads as the user wrote the sweep.
@@ -30,7 +33,7 @@ import hashlib
 import itertools
 import json
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sparkstack.errors import UsageError
@@ -210,6 +213,7 @@ class Cell:
     boot_s: float  # estimated boot time (0 when it does not boot)
     boot_from: str
     bench_s: float | None  # estimated bench time, when known
+    finished: bool = False  # finished in an earlier run of this sweep (its record): kept, not run, not estimated
 
     @property
     def label(self) -> str:
@@ -222,7 +226,7 @@ class Cell:
     def to_json(self) -> dict:
         return {"index": self.index, "knobs": dict(self.knobs), "boot": self.boot, "boots": self.boots,
                 "reuses": self.reuses, "key": self.key, "boot_s": self.boot_s, "boot_from": self.boot_from,
-                "bench_s": self.bench_s, "estimate_s": self.estimate_s}
+                "bench_s": self.bench_s, "estimate_s": self.estimate_s, "finished": self.finished}
 
 
 @dataclass(frozen=True)
@@ -234,12 +238,17 @@ class SweepPlan:
     leave_last_up: bool
     final_boot: bool  # whether the final relaunch boots (False: the last cell is the baseline, or left up)
     final_boot_s: float
-    boots: int  # boots the whole sweep starts, the final relaunch included
+    boots: int  # boots the run starts, the final relaunch included (a finished cell's are not)
+
+    @property
+    def left(self) -> tuple[Cell, ...]:
+        """The cells this run runs: every cell but those finished in an earlier run."""
+        return tuple(c for c in self.cells if not c.finished)
 
     @property
     def estimate_s(self) -> float:
-        """Boots and known bench times, summed."""
-        return sum(c.boot_s + (c.bench_s or 0.0) for c in self.cells) + (self.final_boot_s if self.final_boot else 0.0)
+        """The boots and known bench times of the cells left, and the final relaunch, summed."""
+        return sum(c.boot_s + (c.bench_s or 0.0) for c in self.left) + (self.final_boot_s if self.final_boot else 0.0)
 
     def to_json(self) -> dict:
         return {"recipe": self.recipe, "vary": [v.to_json() for v in self.varies],
@@ -249,9 +258,14 @@ class SweepPlan:
 
     def lines(self) -> list[str]:
         vary = " x ".join(f"{v.knob} ({', '.join(v.values)})" for v in self.varies)
-        lines = [f"sweep {self.recipe}: {vary}: {len(self.cells)} cell{'' if len(self.cells) == 1 else 's'}, {self.boots} boot(s), about "
-                 f"{_duration(self.estimate_s)}{'' if all(c.bench_s is not None for c in self.cells) else ' + bench'}"]
+        done = len(self.cells) - len(self.left)
+        cells = f"{len(self.cells)} cell{'' if len(self.cells) == 1 else 's'}" + (f" ({done} finished)" if done else "")
+        lines = [f"sweep {self.recipe}: {vary}: {cells}, {self.boots} boot(s), about {_duration(self.estimate_s)}"
+                 f"{'' if all(c.bench_s is not None for c in self.left) else ' + bench'}"]
         for n, c in enumerate(self.cells, 1):
+            if c.finished:
+                lines.append(f"  {n}. cell {c.index + 1}: {c.label}: finished in an earlier run: kept")
+                continue
             how = f"boot ~{_duration(c.boot_s)} ({c.boot_from})" if c.boots else f"no boot: {c.reuses}"
             bench = "bench" if c.bench_s is None else f"bench ~{_duration(c.bench_s)}"
             lines.append(f"  {n}. cell {c.index + 1}: {c.label}: {how}, then {bench}")
@@ -289,13 +303,14 @@ def run_order(boots: Sequence[str], serving: str | None, baseline: str | None, l
 def plan_sweep(recipe: str, varies: Sequence[Vary], baseline: CellLaunch, launches: Sequence[CellLaunch], *,
                image_id: str | None = None, serving: str | None = None, records: Iterable[dict] = (),
                bench: Mapping[str, object] | None = None, bench_s: float | None = None,
-               leave_last_up: bool = False) -> SweepPlan:
+               leave_last_up: bool = False, finished: Collection[str] = ()) -> SweepPlan:
     """The sweep's plan from each cell's launch (`launch_cells`, in product order).
 
     `image_id`: docker's ID of the image the cells run (the layout's config digest under --image, or what --probe
     read), None when not known yet; `serving`: the boot identity of what serves now (the latest run record's id,
     when its pair is healthy); `records`: launch's run records (boot estimates); `bench`: the bench options the
-    content keys include; `bench_s`: one bench's estimated time, when known."""
+    content keys include; `bench_s`: one bench's estimated time, when known; `finished`: the content keys of the
+    cells an earlier run of this sweep finished (its record's), which this run keeps and does not run."""
     cells_knobs = product(varies)
     if len(cells_knobs) != len(launches):
         raise ValueError(f"{len(launches)} launches for {len(cells_knobs)} cells")
@@ -308,12 +323,15 @@ def plan_sweep(recipe: str, varies: Sequence[Vary], baseline: CellLaunch, launch
     first_of: dict[str, int] = {}
     for i in order:
         b = boots[i]
+        key = content_key(recipe, cells_knobs[i], launches[i], image_id, bench or {}) if image_id else None
+        if key is not None and key in finished:  # skipped: what serves stays as the cell before left it
+            cells.append(Cell(i, cells_knobs[i], b, False, None, key, 0.0, "", None, finished=True))
+            continue
         starts = b != prev
         reuses = None
         if not starts:
             reuses = "what serves now" if b == serving and b not in first_of else f"the boot of cell {first_of[b] + 1}"
         est = own.get(b, typical)
-        key = content_key(recipe, cells_knobs[i], launches[i], image_id, bench or {}) if image_id else None
         cells.append(Cell(i, cells_knobs[i], b, starts, reuses, key, est.seconds if starts else 0.0,
                           est.source if starts else "", bench_s))
         first_of.setdefault(b, i)

@@ -127,6 +127,11 @@ def finished(state: dict, key: str | None) -> dict | None:
     return next((c for c in state["cells"] if c["key"] == key and c["status"] in FINISHED), None)
 
 
+def finished_keys(state: dict) -> frozenset[str]:
+    """The content keys of the record's finished cells: the plan keeps them (`finished`, one of them)."""
+    return frozenset(c["key"] for c in state["cells"] if isinstance(c.get("key"), str) and c["status"] in FINISHED)
+
+
 def failure_of(timeline: Sequence[dict]) -> dict | None:
     """A failed boot's diagnosis from its timeline's JSON (launch/timeline.py): the first rank's fatal line."""
     for rank in timeline:
