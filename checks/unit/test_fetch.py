@@ -117,6 +117,7 @@ def test_a_pin_written_since_the_recipe_was_read_is_never_overwritten(tmp_path):
     """Two resolves at once (or an editor): the file's pin changed between reading the recipe and writing it.
     Writing would silently replace the other pin; it is refused, and the file keeps what the other one wrote."""
     from sparkstack.errors import SparkstackError
+    from sparkstack.fetch.plan import RESOLVE
     from sparkstack.recipe import load_recipe, write_revisions
 
     path = recipe_copy(tmp_path / "mine.toml")
@@ -125,9 +126,9 @@ def test_a_pin_written_since_the_recipe_was_read_is_never_overwritten(tmp_path):
     path.write_text(path.read_text().replace('model_revision = "unpinned"', f'model_revision = "{theirs}"'))
     before = path.read_bytes()
     with pytest.raises(SparkstackError, match="model_revision changed since it was read; run again"):
-        write_revisions(recipe, ours, None)
+        write_revisions(recipe, ours, None, RESOLVE)
     assert path.read_bytes() == before
-    write_revisions(load_recipe(str(path)), None, ours)  # read afresh, the drafter's pin goes in beside theirs
+    write_revisions(load_recipe(str(path)), None, ours, RESOLVE)  # read afresh, the drafter's pin goes in beside theirs
     assert load_recipe(str(path)).model_revision == theirs and load_recipe(str(path)).drafter_revision == ours
 
 

@@ -30,6 +30,7 @@ from sparkstack.recipe.kv import plan_kv
 GIB = 1 << 30
 PIN = 10_247_694_336
 RECIPE = "glm53-flash-dflash2-nvfp4"
+RERUN = ("sparkstack", "plan", "kv", "--from-boot", "--write")  # what a refusal says to run on a copy
 CPU_LOG = Path(__file__).resolve().parents[1] / "engine" / "data" / "vllm-0.32.0-cpu-boot.log"
 
 # vLLM 0.10: "Model loading took X GiB and Y seconds", the KV size and the concurrency on two lines, " seconds";
@@ -187,7 +188,7 @@ def recipe_copy(tmp_path) -> Path:
 def test_write_a_profiled_boot_keeps_the_cost_and_the_comments(recipe_copy):
     before = recipe_copy.read_text()
     entry = KvBoot(481_488, 4_939_212_390, "profiled", "run abc", "2026-12-05", "0.32.0")
-    assert write_kv_boot(load_recipe(str(recipe_copy)), entry) is False
+    assert write_kv_boot(load_recipe(str(recipe_copy)), entry, RERUN) is False
     r = load_recipe(str(recipe_copy))
     assert r.kv.boot == entry and (r.kv.measured_bytes, r.kv.measured_tokens) == (PIN, 989_727)
     after = recipe_copy.read_text()
@@ -198,12 +199,12 @@ def test_write_a_profiled_boot_keeps_the_cost_and_the_comments(recipe_copy):
 
 def test_write_a_pinned_boot_moves_the_calibration_point(recipe_copy):
     entry = KvBoot(1_000_000, 10_000_000_000, "pin", "run abc", "2026-12-05", image_id="sha256:" + "cd" * 32)
-    assert write_kv_boot(load_recipe(str(recipe_copy)), entry) is True
+    assert write_kv_boot(load_recipe(str(recipe_copy)), entry, RERUN) is True
     r = load_recipe(str(recipe_copy))
     assert r.kv.boot == entry and (r.kv.measured_bytes, r.kv.measured_tokens) == (10_000_000_000, 1_000_000)
     assert plan_kv(r.kv, 10_000_000_000, 524_288, 2304, "fp8_e4m3").tokens == 1_000_000
     again = KvBoot(989_727, PIN, "pin", "run def", "2026-12-06")  # a second write replaces the first
-    write_kv_boot(r, again)
+    write_kv_boot(r, again, RERUN)
     assert load_recipe(str(recipe_copy)).kv.boot == again and recipe_copy.read_text().count("[kv.boot]") == 1
 
 
@@ -212,8 +213,9 @@ def test_write_refuses_the_installed_recipe(recipe_copy, monkeypatch):
     package data is a symlink to it, a user's file that `fetch --resolve` writes too)."""
     monkeypatch.setattr(shipped, "PACKAGE_DATA", recipe_copy.parent)
     before = recipe_copy.read_bytes()
-    with pytest.raises(SparkstackError, match="shipped recipe installed"):
-        write_kv_boot(load_recipe(str(recipe_copy)), KvBoot(1, 1, "pin", "x", "2026-12-05"))
+    with pytest.raises(SparkstackError, match="shipped recipe installed") as exc:
+        write_kv_boot(load_recipe(str(recipe_copy)), KvBoot(1, 1, "pin", "x", "2026-12-05"), RERUN)
+    assert str(exc.value).endswith("&& sparkstack plan kv --from-boot --write --recipe ./my-recipe.toml")
     assert recipe_copy.read_bytes() == before
 
 
@@ -221,7 +223,7 @@ def test_write_refuses_a_recipe_changed_since_read(recipe_copy):
     r = load_recipe(str(recipe_copy))
     recipe_copy.write_text(recipe_copy.read_text().replace("measured_tokens = 989727", "measured_tokens = 989728"))
     with pytest.raises(SparkstackError, match="changed since it was read"):
-        write_kv_boot(r, KvBoot(1, 1, "pin", "x", "2026-12-05"))
+        write_kv_boot(r, KvBoot(1, 1, "pin", "x", "2026-12-05"), RERUN)
 
 
 @pytest.mark.parametrize("table, error", [
@@ -254,7 +256,7 @@ def test_write_into_a_recipe_without_kv(tmp_path):
     r = load_recipe(str(path))
     assert r.kv.measured_bytes is None and r.kv.boot is None
     entry = KvBoot(2_097_152, GIB, "pin", "boot.log", "2026-12-05", "0.32.0")
-    assert write_kv_boot(r, entry) is True
+    assert write_kv_boot(r, entry, RERUN) is True
     again = load_recipe(str(path))
     assert again.kv.boot == entry and plan_kv(again.kv, 2 * GIB, 2048, 16).tokens == 4_194_304
 

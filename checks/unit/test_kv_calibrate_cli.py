@@ -152,8 +152,11 @@ def test_write_refuses_an_installed_recipe(tmp_path, env, recipe_copy, monkeypat
         result = CliRunner().invoke(cli.main, ["plan", "kv", "--recipe", str(recipe_copy), "--from-boot", str(log),
                                                "--write", *extra])
         assert result.exit_code == 1, result.output
-        assert f"sparkstack: error: {recipe_copy}: is a shipped recipe installed under {recipe_copy.parent}" in \
-            result.output
+        # the next step is this very command on a copy, not fetch's pinning
+        assert result.output.splitlines() == [
+            f"sparkstack: error: {recipe_copy}: is a shipped recipe installed under {recipe_copy.parent}, not writable; "
+            f"copy it and run again on the copy: cp {recipe_copy} my-recipe.toml && sparkstack plan kv --from-boot "
+            f"{log} --write --recipe ./my-recipe.toml"]
         assert recipe_copy.read_bytes() == before
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.fetch import hub
-from sparkstack.fetch.plan import EntryFetch, FetchPlan, ResolvePlan, entry_state
+from sparkstack.fetch.plan import RESOLVE, EntryFetch, FetchPlan, ResolvePlan, entry_state
 from sparkstack.hfcache import (
     ListedFile,
     blob_algorithm,
@@ -38,7 +38,7 @@ def apply_resolve(plan: ResolvePlan) -> bool:
     """Write the resolved commits into the recipe; False when every repo was pinned already."""
     if plan.up_to_date:
         return False
-    write_revisions(plan.recipe, plan.commit_for("model"), plan.commit_for("drafter"))
+    write_revisions(plan.recipe, plan.commit_for("model"), plan.commit_for("drafter"), RESOLVE)
     return True
 
 

@@ -23,9 +23,11 @@ from sparkstack.hfcache import (
     refuse_unlisted,
     snapshot_needs,
 )
-from sparkstack.recipe import Recipe, refuse_installed_recipe
+from sparkstack.recipe import Recipe, copy_and_rerun, refuse_installed_recipe
 from sparkstack.text import printable
 from sparkstack.units import human_bytes
+
+RESOLVE = ("sparkstack", "fetch", "--resolve")  # the command that pins a recipe's revisions, without its --recipe
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def plan_resolve(recipe: Recipe) -> ResolvePlan:
     """Ask the hub for the current commit of every unpinned repo; a pinned one is left as it is."""
     todo = wanted(recipe)
     if any(w.revision is None for w in todo):
-        refuse_installed_recipe(recipe)  # before asking the hub anything: the answer could not be written
+        refuse_installed_recipe(recipe, RESOLVE)  # before asking the hub anything: the answer could not be written
     return ResolvePlan(recipe, tuple((w, None if w.revision else hub.current_commit(w.repo)) for w in todo))
 
 
@@ -157,9 +159,8 @@ def pin_steps(recipe: Recipe) -> str:
     from sparkstack.shipped import installed_copy_root
 
     if installed_copy_root(recipe.path) is None:
-        return f"sparkstack fetch --resolve --recipe {printable(recipe.path)}"
-    return (f"{shlex.join(['cp', str(recipe.path), 'my-recipe.toml'])} && "
-            "sparkstack fetch --resolve --recipe ./my-recipe.toml")
+        return f"{shlex.join(RESOLVE)} --recipe {printable(recipe.path)}"
+    return copy_and_rerun(recipe.path, RESOLVE)
 
 
 def plan_fetch(deployment: Deployment, environ: Mapping[str, str]) -> FetchPlan:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,16 +311,22 @@ def _plan_kv(request: KvRequest, environ: Mapping[str, str]) -> KvCommandPlan:
     cal = calibrate(kv, _measure(r.from_boot))
     if not r.write:
         return KvCommandPlan(r, kv, cal)
-    refuse_installed_recipe(lp.recipe)
+    refuse_installed_recipe(lp.recipe, _rerun_on_copy(r))
     entry = kv_boot_entry(cal.measured, datetime.date.today().isoformat())
     return KvCommandPlan(r, kv, cal, entry, lp.recipe.path)
+
+
+def _rerun_on_copy(request: KvRequest) -> tuple[str, ...]:
+    """The command the user ran, written back without its --recipe: what to run on a copy of a recipe that cannot
+    be written (the refusal adds the copy's --recipe)."""
+    return PLAN_KV.argv(dataclasses.replace(request, recipe=None))
 
 
 def _apply_kv(p: KvCommandPlan, view: View) -> bool:
     """--write: [kv.boot] into the recipe; whether the pinned pool also became its per-token cost."""
     from sparkstack.recipe import load_recipe, write_kv_boot
 
-    return write_kv_boot(load_recipe(p.request.recipe), p.entry)
+    return write_kv_boot(load_recipe(p.request.recipe), p.entry, _rerun_on_copy(p.request))
 
 
 def _entry_line(p: KvCommandPlan, written: bool | None) -> str:

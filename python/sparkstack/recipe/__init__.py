@@ -12,12 +12,12 @@ from sparkstack.recipe.load import (
     KV_BOOT_POOLS, MAX_NODES, BootExpect, KvBoot, KvGeometry, NodeSpec, Recipe, check_args, find_recipe, load_recipe, placeholders, unquote_arg,
 )
 from sparkstack.recipe.values import UNPINNED, Kind, check_value, meaning
-from sparkstack.recipe.write import refuse_installed_recipe, write_kv_boot, write_revisions
+from sparkstack.recipe.write import copy_and_rerun, refuse_installed_recipe, write_kv_boot, write_revisions
 
 __all__ = [
     "BOOT_MISSING", "CACHE_NAME_KNOBS", "CLOCK_CAP_MAX_MHZ", "CONFIRM_KEYS", "DEFAULT_CLOCK_CAP", "DEFAULT_GPU_MEMORY_GIB",
     "DEFAULT_RECIPE", "ENV_KNOBS", "KV_BOOT_POOLS", "KvBoot", "KNOB_DEFAULTS", "KNOB_KINDS", "MAX_NODES", "NODE_KINDS", "PLACEHOLDERS",
     "RECIPE_ONLY_ENV", "UNPINNED", "VALUE_FLAGS", "BootExpect", "Kind", "KvGeometry", "NodeSpec", "Recipe",
-    "check_args", "check_value", "find_recipe", "load_recipe", "meaning", "placeholders", "refuse_installed_recipe",
+    "check_args", "check_value", "copy_and_rerun", "find_recipe", "load_recipe", "meaning", "placeholders", "refuse_installed_recipe",
     "unquote_arg", "write_kv_boot", "write_revisions",
 ]

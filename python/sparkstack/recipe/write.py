@@ -5,6 +5,8 @@ from __future__ import annotations
 import codecs
 import shlex
 import tomllib
+from collections.abc import Sequence
+from pathlib import Path
 
 from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
@@ -13,26 +15,43 @@ from sparkstack.recipe.values import UNPINNED, check_value, commit_or_unpinned
 from sparkstack.text import printable
 
 
-def refuse_installed_recipe(recipe: Recipe) -> None:
-    """A recipe installed with sparkstack (package data, site-packages, the Nix store) is never edited in place."""
+RECIPE_COPY = "my-recipe.toml"  # where the steps for an installed recipe copy it: the current directory
+
+
+def copy_and_rerun(recipe: Path, rerun: Sequence[str]) -> str:
+    """The steps for a recipe installed with sparkstack, which is never edited in place: copy it here, then run
+    `rerun` (the command line that writes the recipe, without its --recipe) on the copy."""
+    return (f"{shlex.join(['cp', str(recipe), RECIPE_COPY])} && "
+            f"{shlex.join([*rerun, '--recipe', './' + RECIPE_COPY])}")
+
+
+def refuse_installed_recipe(recipe: Recipe, rerun: Sequence[str]) -> None:
+    """A recipe installed with sparkstack (package data, site-packages, the Nix store) is never edited in place: the
+    refusal says to copy it and run `rerun` (the command that writes it, without its --recipe) on the copy."""
     root = shipped.installed_copy_root(recipe.path)
     if root is not None:
         raise SparkstackError(f"{printable(recipe.path)}: is a shipped recipe installed under {printable(root)}, not "
-                              f"writable; copy it and pin the copy: cp {shlex.quote(str(recipe.path))} my-recipe.toml "
-                              "&& sparkstack fetch --resolve --recipe ./my-recipe.toml")
+                              f"writable; copy it and run again on the copy: {copy_and_rerun(recipe.path, rerun)}")
 
 
-def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision: str | None) -> None:
+def _refuse_symlink(recipe: Recipe, rerun: Sequence[str]) -> None:
+    """Replacing a symlink would put a regular file where the link was, the target unchanged: write the target."""
+    if recipe.path.is_symlink():
+        raise SparkstackError(f"{printable(recipe.path)}: is a symlink; write the file it names instead: "
+                              f"{shlex.join([*rerun, '--recipe', str(recipe.path.resolve())])}")
+
+
+def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision: str | None,
+                    rerun: Sequence[str]) -> None:
     """Pin revisions in the recipe's file through tomlkit (comments and layout stay), replaced atomically.
 
-    None leaves a field alone. An installed recipe is refused, with the copy command to run."""
+    None leaves a field alone. An installed or symlinked recipe is refused, with the command to run instead
+    (`rerun`: the command that pins, without its --recipe)."""
     import tomlkit
 
     path, w = recipe.path, printable(recipe.path)
-    refuse_installed_recipe(recipe)
-    if path.is_symlink():  # replacing it would put a regular file where the link was, the target unchanged
-        raise SparkstackError(f"{w}: is a symlink; pin the file it names instead: sparkstack fetch --resolve "
-                              f"--recipe {shlex.quote(str(path.resolve()))}")
+    refuse_installed_recipe(recipe, rerun)
+    _refuse_symlink(recipe, rerun)
     raw = path.read_bytes()
     bom = codecs.BOM_UTF8 if raw.startswith(codecs.BOM_UTF8) else b""
     original = raw.decode("utf-8-sig")
@@ -52,9 +71,10 @@ def write_revisions(recipe: Recipe, model_revision: str | None, drafter_revision
     fsio.write_atomic(path, bom + text.encode("utf-8"))
 
 
-def write_kv_boot(recipe: Recipe, entry: KvBoot) -> bool:
+def write_kv_boot(recipe: Recipe, entry: KvBoot, rerun: Sequence[str]) -> bool:
     """Record a boot's KV measurement in the recipe's file as [kv.boot], through tomlkit (comments and layout stay),
-    replaced atomically; an installed recipe is refused, as write_revisions refuses it.
+    replaced atomically; an installed or symlinked recipe is refused, as write_revisions refuses it (`rerun`: the
+    command that records it, without its --recipe).
 
     A pinned boot's pool is exact, so it also becomes the planner's calibration point ([kv] measured_bytes and
     measured_tokens: the per-token cost `plan kv` divides by); returns whether it did. A profiled pool (its bytes
@@ -62,10 +82,8 @@ def write_kv_boot(recipe: Recipe, entry: KvBoot) -> bool:
     import tomlkit
 
     path, w = recipe.path, printable(recipe.path)
-    refuse_installed_recipe(recipe)
-    if path.is_symlink():
-        raise SparkstackError(f"{w}: is a symlink; write the file it names instead: --recipe "
-                              f"{shlex.quote(str(path.resolve()))}")
+    refuse_installed_recipe(recipe, rerun)
+    _refuse_symlink(recipe, rerun)
     table = entry.toml()
     kv_boot(f"{w} [kv.boot]", table)  # what is written is what the loader accepts
     raw = path.read_bytes()
