@@ -118,6 +118,8 @@ class Behaviour:
     logprob: float = -0.5                 # each sampled token's logprob, when a request asks for logprobs
     corrupt_every: int = 0                # every n-th sampled token comes back with logprob -113.0, as
                                           # vLLM 0.32 CPU's do under speculative decoding at temperature 1
+    corrupt_answer: int | None = None     # with "n" answers asked, only this one (its index) is corrupted, as
+                                          # the real pair's fault spares some answers and not others
     histograms: bool = True               # vLLM's per-request timing histograms (decode time, ITL, TPOT)
 
     @classmethod
@@ -135,7 +137,7 @@ class Behaviour:
             elif kind == "bool":
                 given[name] = raw not in ("0", "false", "no")
             else:
-                given[name] = {"int": int, "float": float}.get(kind, str)(raw)
+                given[name] = {"int": int, "int | None": int, "float": float}.get(kind, str)(raw)
         return cls(**given)
 
 
@@ -444,6 +446,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._error(500, "stand-in failure, as asked" + echo)
             elif engine.b.no_mm and _has_image(body.get("messages")):
                 self._error(400, "the chat template has no image support")
+            elif int(body.get("n") or 1) > 1 and body.get("temperature") == 0:
+                self._error(400, f"n must be 1 when using greedy sampling, got {body['n']}.")  # vLLM 0.32's words
             elif body.get("tools") and body.get("tool_choice", "auto") != "auto":
                 self._error(400, 'only tool_choice "auto" is supported by the glm47 tool parser')
             else:
@@ -486,12 +490,13 @@ class Handler(BaseHTTPRequestHandler):
         want_logprobs = bool(body.get("logprobs"))
         sampled = [0]
 
-        def logprobs(n):
-            """The logprobs block of n sampled tokens, as vLLM writes it."""
+        def logprobs(n, answer=0):
+            """The logprobs block of n sampled tokens of one answer, as vLLM writes it."""
             out = []
             for _ in range(n):
                 sampled[0] += 1
-                bad = b.corrupt_every and sampled[0] % b.corrupt_every == 0
+                bad = b.corrupt_every and sampled[0] % b.corrupt_every == 0 \
+                    and b.corrupt_answer in (None, answer)
                 out.append({"token": "x", "logprob": -113.0 if bad else b.logprob, "bytes": [120], "top_logprobs": []})
             return {"content": out}
 
@@ -561,10 +566,13 @@ class Handler(BaseHTTPRequestHandler):
             if tool_args_sent and b.tool_fault != "leak":
                 message["tool_calls"] = [{"id": "call_standin", "type": "function",
                                           "function": {"name": name, "arguments": args}}]
-            choice = {"index": 0, "message": message, "finish_reason": finish}
-            if want_logprobs:
-                choice["logprobs"] = {"content": all_logprobs}
-            self._send(200, json.dumps({**head, "object": "chat.completion", "choices": [choice],
+            choices = []
+            for answer in range(max(1, int(body.get("n") or 1))):  # "n" answers: the same text, each sampled anew
+                choice = {"index": answer, "message": message, "finish_reason": finish}
+                if want_logprobs:
+                    choice["logprobs"] = {"content": all_logprobs} if answer == 0 else logprobs(completion, answer)
+                choices.append(choice)
+            self._send(200, json.dumps({**head, "object": "chat.completion", "choices": choices,
                                         "usage": _usage(prompt_tokens, completion)}))
             return
         self._event(chunk({}, finish))

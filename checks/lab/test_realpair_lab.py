@@ -259,11 +259,18 @@ def test_the_pair_is_two_hosts_serving_one_model_tensor_parallel(pair):
 def test_verify_finds_the_engines_fault_and_bench_counts_what_the_head_counts(pair):
     world = pair
     # (up's verify passed every check at temperature 0: the first test.) At the model's own temperature the
-    # engine's fault shows, and verify names it: the one check that fails.
-    proc = world.sparkstack("verify", realpair.API, "--json", check=False, timeout=600)
+    # engine's fault shows, and verify names it: the one check that fails. The fault is intermittent: measured
+    # here, it corrupts about 65 % of single answers (none in one CI run's single-answer check), and verify's 8
+    # answers held 2 to 8 corrupted ones in each of 56 tries. Every run must fail nothing but sampling; sampling
+    # must fail in one of at most three runs (a third clean run in a row is the engine fixed, not a draw).
+    for attempt in range(3):
+        proc = world.sparkstack("verify", realpair.API, "--json", check=False, timeout=600)
+        failed = [c for c in json.loads(proc.stdout)["checks"] if c["status"] == "fail"]
+        assert [c["check"] for c in failed] in ([], ["sampling"]), failed
+        if failed:
+            break
     _record("verify (temperature 1: vLLM CPU's spec-decode sampling fault)", proc, keep=30)
-    failed = [c for c in json.loads(proc.stdout)["checks"] if c["status"] == "fail"]
-    assert proc.returncode == 1 and [c["check"] for c in failed] == ["sampling"], failed
+    assert proc.returncode == 1 and failed and "the server corrupts samples" in failed[0]["detail"], failed
 
     before = _spec_counters(world)
     proc = world.sparkstack("bench", realpair.API, "--json", "--concurrency", "1", "--rounds", "1", "--category",

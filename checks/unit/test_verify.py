@@ -17,7 +17,7 @@ from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, serving
 from sparkstack.cli import verify as verify_cmd
 from sparkstack.verify import CHECKS, plan_verify, run_verify, verdict
-from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, SPEC_PROMPT, TOOL_ARGS, TOOL_NAME
+from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, SAMPLING_ANSWERS, SPEC_PROMPT, TOOL_ARGS, TOOL_NAME
 
 NAMES = [c.name for c in CHECKS]
 REQUIRED = {c.name for c in CHECKS if c.required}
@@ -75,6 +75,34 @@ def test_spec_decode_asks_greedily_and_sampling_at_the_serving_temperature():
     spec = [b for b in streamed if b["messages"][-1]["content"] == SPEC_PROMPT]
     assert len(spec) == 1 and spec[0]["temperature"] == 0, spec
     assert len(with_logprobs) == 1 and with_logprobs[0]["temperature"] == 1.0, with_logprobs
+
+
+def test_sampling_reads_every_answer_and_fails_on_one_corrupted_of_eight():
+    """The real pair's fault corrupts some answers and spares others: the check asks for several at once, so one
+    corrupted answer among clean ones still fails it, and the detail says how many answers were hit."""
+    with serving(corrupt_every=1, corrupt_answer=5) as engine:
+        results = verify(engine.url)
+    sampling = {r.check: r for r in results}["sampling"]
+    assert sampling.status == "fail", sampling.line()
+    n = SAMPLING_ANSWERS
+    bad, total = map(int, re.match(rf"(\d+) of (\d+) sampled tokens in {n} answers at temperature 1 have logprob "
+                                   "below", sampling.detail).groups())
+    assert bad > 0 and bad * n == total, sampling.detail  # every token of the one corrupted answer, and no other
+    assert "(in 1 of the answers; lowest -113.0)" in sampling.detail, sampling.detail
+    with serving(corrupt_every=1, corrupt_answer=n) as engine:  # an answer the check does not ask for
+        results = verify(engine.url)
+    assert {r.check: r.status for r in results}["sampling"] == "pass"
+
+
+def test_sampling_asks_one_answer_at_temperature_0():
+    """vLLM refuses "n" > 1 under greedy sampling (HTTP 400, as the stand-in does): at temperature 0 the check
+    asks one answer, which is every answer there."""
+    with serving() as engine:
+        plan = plan_verify(engine.url, None, "VLLM_API_KEY", {}, 30.0, 0.0)
+        sampling = {r.check: r for r in run_verify(plan, None)}["sampling"]
+        asked = [b.get("n") for b in engine.chat_bodies if b.get("logprobs")]
+    assert sampling.status == "pass" and "in 1 answer at temperature 0," in sampling.detail, sampling.line()
+    assert asked == [1]
 
 # fault mode -> the checks it must break, and a word each detail must carry; every other check passes
 FAULTS = [
