@@ -6,6 +6,7 @@ venv failed.
                                                    checks/conftest.py writes under SPARKSTACK_TEST_TIMELINE
 """
 
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -17,10 +18,11 @@ def slowest(path: str, n: int) -> list[tuple[float, str]]:
     return sorted(timed, reverse=True)[:n]
 
 
-def timeline(lines: list[str]) -> list[str]:
+def timeline(lines: list[str], files: int = 15) -> list[str]:
     """Per worker: its tests, the seconds they took, and when (since the first test began) its first began and its
     last ended; then per xdist group (a node ID's `@group`): its worker and its span. A worker's busy time well
-    under its span is time it waited, or time the other worker's group held it to."""
+    under its span is time it waited, or time the other worker's group held it to. Last, the `files` test files
+    that took longest, over both workers."""
     rows = []
     for line in lines:
         worker, began, ended, nodeid = line.rstrip("\n").split("\t", 3)
@@ -33,8 +35,9 @@ def timeline(lines: list[str]) -> list[str]:
     groups = defaultdict(list)
     for r in rows:
         by_worker[r[0]].append(r)
-        if "@" in r[3]:
-            groups[(r[3].rsplit("@", 1)[1], r[0])].append(r)
+        group = re.search(r"@([\w.-]+)$", r[3])  # xdist's suffix; a parameter's own "@" (user@host]) is not one
+        if group:
+            groups[(group.group(1), r[0])].append(r)
     for worker, rs in sorted(by_worker.items()):
         busy = sum(e - b for _, b, e, _ in rs)
         out.append(f"{worker:>8}  {len(rs):5d}  {busy:7.0f}  {min(b for _, b, _, _ in rs) - zero:6.0f}  "
@@ -43,6 +46,11 @@ def timeline(lines: list[str]) -> list[str]:
         busy = sum(e - b for _, b, e, _ in rs)
         out.append(f"{'@' + group:>8}  {len(rs):5d}  {busy:7.0f}  {min(b for _, b, _, _ in rs) - zero:6.0f}  "
                    f"{max(e for _, _, e, _ in rs) - zero:6.0f}  on {worker}")
+    by_file = defaultdict(float)
+    for _, b, e, nodeid in rows:
+        by_file[nodeid.split("::", 1)[0]] += e - b
+    out.append("files with the most busy seconds:")
+    out += [f"{seconds:8.0f}  {name}" for name, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:files]]
     return out
 
 

@@ -54,11 +54,13 @@ def test_the_timeline_shows_each_workers_span_and_each_groups():
     lines = ["gw0\t1000.0\t1010.0\tchecks/unit/test_a.py::test_x\n",
              "gw1\t1002.0\t1102.0\tchecks/lab/test_r.py::test_up@realpair\n",
              "gw0\t1010.0\t1013.5\tchecks/unit/test_a.py::test_y\n",
-             "gw1\t1102.0\t1150.0\tchecks/lab/test_r.py::test_sweep@realpair\n"]
+             "gw1\t1102.0\t1150.0\tchecks/lab/test_r.py::test_sweep@realpair\n",
+             "gw0\t1013.5\t1014.0\tchecks/unit/test_a.py::test_ssh[bob@host]\n"]
     rows = [line.split() for line in slowest.timeline(lines)]
     # worker, tests, busy seconds, first start and last end (seconds after the first test began)
-    assert rows[1:3] == [["gw0", "2", "14", "0", "14"], ["gw1", "2", "148", "2", "150"]]
-    assert rows[3] == ["@realpair", "2", "148", "2", "150", "on", "gw1"]
+    assert rows[1:3] == [["gw0", "3", "14", "0", "14"], ["gw1", "2", "148", "2", "150"]]
+    assert rows[3] == ["@realpair", "2", "148", "2", "150", "on", "gw1"]  # a parameter's user@host is no group
+    assert rows[5:] == [["148", "checks/lab/test_r.py"], ["14", "checks/unit/test_a.py"]]
     assert slowest.timeline([]) == []
 
 def test_the_vllm_tier_waits_for_the_install_ci_runs_beside_it(tmp_path):
