@@ -118,6 +118,8 @@ class Behaviour:
     logprob: float = -0.5                 # each sampled token's logprob, when a request asks for logprobs
     corrupt_every: int = 0                # every n-th sampled token comes back with logprob -113.0, as
                                           # vLLM 0.32 CPU's do under speculative decoding at temperature 1
+    most_answers: int = 0                 # answer at most this many of the "n" asked (0: all), as a server
+                                          # that ignores "n" does
     corrupt_answer: int | None = None     # with "n" answers asked, only this one (its index) is corrupted, as
                                           # the real pair's fault spares some answers and not others
     histograms: bool = True               # vLLM's per-request timing histograms (decode time, ITL, TPOT)
@@ -446,7 +448,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._error(500, "stand-in failure, as asked" + echo)
             elif engine.b.no_mm and _has_image(body.get("messages")):
                 self._error(400, "the chat template has no image support")
-            elif int(body.get("n") or 1) > 1 and body.get("temperature") == 0:
+            elif int(body.get("n") or 1) > 1 and body.get("temperature", 1.0) < 1e-5:  # vLLM's greedy line
                 self._error(400, f"n must be 1 when using greedy sampling, got {body['n']}.")  # vLLM 0.32's words
             elif body.get("tools") and body.get("tool_choice", "auto") != "auto":
                 self._error(400, 'only tool_choice "auto" is supported by the glm47 tool parser')
@@ -567,7 +569,8 @@ class Handler(BaseHTTPRequestHandler):
                 message["tool_calls"] = [{"id": "call_standin", "type": "function",
                                           "function": {"name": name, "arguments": args}}]
             choices = []
-            for answer in range(max(1, int(body.get("n") or 1))):  # "n" answers: the same text, each sampled anew
+            answers = max(1, int(body.get("n") or 1))  # "n" answers: the same text, each sampled anew
+            for answer in range(min(answers, b.most_answers) if b.most_answers else answers):
                 choice = {"index": answer, "message": message, "finish_reason": finish}
                 if want_logprobs:
                     choice["logprobs"] = {"content": all_logprobs} if answer == 0 else logprobs(completion, answer)

@@ -173,6 +173,11 @@ def test_a_newcomers_up_names_the_steps_that_unblock_it(tmp_path, monkeypatch):
                     "sparkstack fetch --resolve --recipe ./my-recipe.toml")
 
     monkeypatch.undo()
+    odd = tmp_path / "my dir;$(touch PWNED)" / "r.toml"  # pasted into a shell, the line runs nothing of the path
+    odd.parent.mkdir()
+    odd.write_bytes(recipe.path.read_bytes())
+    assert shlex.split(pin_steps(load_recipe(odd))) == ["sparkstack", "fetch", "--resolve", "--recipe", str(odd)]
+
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("WORKER_SSH", "IMAGE")}

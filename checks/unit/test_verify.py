@@ -104,6 +104,21 @@ def test_sampling_asks_one_answer_at_temperature_0():
     assert sampling.status == "pass" and "in 1 answer at temperature 0," in sampling.detail, sampling.line()
     assert asked == [1]
 
+
+def test_sampling_asks_one_answer_below_vllms_greedy_line():
+    with serving() as engine:  # the stand-in refuses n > 1 below 1e-5, as vLLM does
+        plan = plan_verify(engine.url, None, "VLLM_API_KEY", {}, 30.0, 0.000001)
+        sampling = {r.check: r for r in run_verify(plan, None)}["sampling"]
+    assert sampling.status == "pass" and "in 1 answer at temperature 1e-06," in sampling.detail, sampling.line()
+
+
+def test_fewer_answers_than_asked_is_no_verdict():
+    """A server that ignores "n" answers once: the check cannot judge what it was built to catch, so it fails."""
+    with serving(most_answers=1) as engine:
+        sampling = {r.check: r for r in verify(engine.url)}["sampling"]
+    assert sampling.status == "fail" and sampling.detail.startswith(
+        f"1 of the {SAMPLING_ANSWERS} answer(s) asked came back with logprobs"), sampling.line()
+
 # fault mode -> the checks it must break, and a word each detail must carry; every other check passes
 FAULTS = [
     ({"tool_fault": "leak"}, {"tool-call": "markup leaked into content"}),

@@ -159,7 +159,7 @@ def pin_steps(recipe: Recipe) -> str:
     from sparkstack.shipped import installed_copy_root
 
     if installed_copy_root(recipe.path) is None:
-        return f"{shlex.join(RESOLVE)} --recipe {printable(recipe.path)}"
+        return shlex.join([*RESOLVE, "--recipe", printable(recipe.path)])  # pasted into a shell: quoted
     return copy_and_rerun(recipe.path, RESOLVE)
 
 
