@@ -3,7 +3,9 @@ their renderers. The options are made from the requests' own declarations (`spar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import json
 import os
 import signal
@@ -13,23 +15,9 @@ from pathlib import Path
 import click
 
 from sparkstack import interrupt, terminal
-from sparkstack.bench import command as bench_cmd
 from sparkstack.command import Command, declared, names
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.text import printable
-from sparkstack.fetch import command as fetch_cmd
-from sparkstack.image import command as image_cmd
-from sparkstack.launch import command as launch_cmd
-from sparkstack.oci import command as oci_cmd
-from sparkstack.patch import command as patch_cmd
-from sparkstack.ship import command as ship_cmd
-from sparkstack.soak import command as soak_cmd
-from sparkstack.strip import command as strip_cmd
-from sparkstack.sweep import command as sweep_cmd
-from sparkstack.top import command as top_cmd
-from sparkstack.tune import command as tune_cmd
-from sparkstack.up import command as up_cmd
-from sparkstack.verify import command as verify_cmd
 
 
 def _by() -> str:
@@ -203,154 +191,116 @@ def _consent(command: Command) -> None:
         sys.exit(1)
 
 
-def command(group, cmd: Command, name: str | None = None, cls=None):
-    """A click command of `group` running `cmd`; its help is the decorated function's docstring."""
+def click_command(cmd: Command, name: str, help: str, cls=None) -> click.Command:
+    """The click command running `cmd`: its options from the request's declarations, its help as given."""
 
-    def decorate(fn):
-        @group.command(name or cmd.path[-1], cls=cls, help=fn.__doc__)
-        @options(cmd.request)
-        @one_line_errors
-        @functools.wraps(fn)
-        def callback(**given):
-            run(cmd, given)
+    @options(cmd.request)
+    @one_line_errors
+    def callback(**given):
+        run(cmd, given)
 
-        return callback
-
-    return decorate
+    return (cls or click.Command)(name, callback=callback, params=getattr(callback, "__click_params__", [])[::-1],
+                                  help=help)
 
 
-# ---------------------------------------------------------------- the commands
+@dataclasses.dataclass(frozen=True)
+class Lazy:
+    """A subcommand named by where its command object lives ("module:NAME"), imported on first use."""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="sparkstack")
-def main() -> None:
-    """Plan, build, ship and launch GLM-5.3-Flash NVFP4 + DFlash2 on DGX Spark pairs."""
+    target: str
+    help: str
+    cls: type | None = None
 
-
-@command(main, strip_cmd.COMMAND)
-def strip():
-    """Remove the MTP layer from a checkpoint, writing a new cache entry and never touching SRC."""
-
-
-@main.group()
-def image() -> None:
-    """Build, verify and load the serving image (build and verify need no daemon)."""
+    def load(self, name: str) -> click.Command:
+        module, _, attr = self.target.partition(":")
+        return click_command(getattr(importlib.import_module(module), attr), name, self.help, self.cls)
 
 
-@command(image, image_cmd.COMMAND)
-def image_build():
-    """Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."""
+class LazyGroup(click.Group):
+    """click's lazy-loading group: a subcommand is imported when it is named, so `sparkstack strip` loads strip's
+    modules alone and `sparkstack --help` none (its listing reads the table's help, not the commands)."""
+
+    def __init__(self, *args, lazy: dict[str, Lazy | click.Group], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = {n: e for n, e in lazy.items() if isinstance(e, Lazy)}
+        for name, group in lazy.items():
+            if isinstance(group, click.Group):
+                self.add_command(group, name)
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx, name):
+        if name in self.lazy and name not in self.commands:
+            self.add_command(self.lazy[name].load(name), name)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        limit = formatter.width - 6 - max(map(len, self.list_commands(ctx)), default=0)
+        rows = [(name, self.lazy[name].help if name in self.lazy else self.commands[name].help or "")
+                for name in self.list_commands(ctx)]
+        rows = [(name, click.Command(name, help=text).get_short_help_str(limit)) for name, text in rows]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
-@command(image, oci_cmd.VERIFY)
-def image_verify():
-    """Re-hash every blob and check every layer's diff_id."""
+def group(name: str, help: str, **lazy: Lazy | click.Group) -> LazyGroup:
+    return LazyGroup(name, help=help, lazy=lazy, context_settings={"help_option_names": ["-h", "--help"]})
 
 
-@command(image, oci_cmd.LOAD)
-def image_load():
-    """Stream an OCI image into docker/podman load (no temp tar); its image ID must be the config digest."""
+# ---------------------------------------------------------------- the commands, by name (nothing imported here)
 
-
-@main.group()
-def patch() -> None:
-    """Inspect the overlay's patch steps against a base image."""
-
-
-@command(patch, patch_cmd.CHECK)
-def patch_check():
-    """The drift report: every step applied, applicable, drifted or gone; every install target absent, identical or
-    present upstream. Exit 1 when a step drifted or its file is gone."""
-
-
-@main.group()
-def pin() -> None:
-    """Pin inputs by content: the base image's digests (nix/pins.json) and the overlay's files."""
-
-
-@command(pin, patch_cmd.PIN)
-def pin_overlay():
-    """Fill a checkout's overlay.toml sha256 fields from the real overlay files (and wheels)."""
-
-
-@command(pin, oci_cmd.PIN_BASE)
-def pin_base():
-    """Resolve the base REF (a tag or digest) through its registry and pin it, per platform, in nix/pins.json."""
-
-
-@command(pin, oci_cmd.PIN_FETCH)
-def pin_fetch():
-    """Download one blob or manifest the pins file names, verify it, and write it atomically to --out."""
-
-
-@command(main, fetch_cmd.COMMAND)
-def fetch():
-    """Download exactly the recipe's pinned model and drafter commits into the head's HF cache."""
-
-
-@command(main, launch_cmd.COMMAND, cls=terminal.OptionalValueCommand)
-def launch():
-    """Launch rank N, all ranks, or `stop` / `status` them, from a recipe."""
-
-
-@command(main, tune_cmd.COMMAND)
-def tune():
-    """Tune every rank's host: swappiness 0 (now and at boot), GPU persistence mode and clock cap, page cache."""
-
-
-@main.group("plan")
-def plan_group() -> None:
-    """Plans that need no machine."""
-
-
-@command(plan_group, launch_cmd.PLAN_KV)
-def plan_kv():
-    """Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify."""
-
-
-@command(main, ship_cmd.COMMAND)
-def ship():
-    """Send each host only the image and weight blobs it lacks, verified on arrival; then load and link there."""
-
-
-@command(main, verify_cmd.COMMAND)
-def verify():
-    """Prove a served endpoint works: /health, chat, streamed usage, a tool call, the reasoning split and spec
-    decode (required); an image part, a U+FFFD probe and the prefix cache (warn only). Exit 1 if a required
-    check fails."""
-
-
-@command(main, soak_cmd.COMMAND)
-def soak():
-    """Bounded load for hours: C streams of the prompt suite, a JSONL log, flaps and restarts counted."""
-
-
-@command(main, top_cmd.COMMAND)
-def top():
-    """A live view of an engine from /metrics: requests, tok/s, acceptance, KV and prefix cache, preemptions."""
-
-
-@command(main, bench_cmd.COMMAND)
-def bench():
-    """Measure a served stack on the fixed prompt suite: one block per (concurrency, category); exit 1 on a fault."""
-
-
-@command(main, bench_cmd.COMPARE)
-def compare():
-    """Per-cell change from bench report A to B, marking changes beyond the spread of each run's rounds."""
-
-
-@command(main, sweep_cmd.COMMAND)
-def sweep():
-    """Run the recipe once per cell of the knobs' product (--vary KNOB=V1,V2): boot, bench with one salt, and one
-    table of every cell's figures beside the first's noise. Resumable; relaunches the recipe as it stands at the
-    end."""
-
-
-@command(main, up_cmd.COMMAND)
-def up():
-    """The whole runbook, planned first: fetch, strip, build, ship, tune, launch, verify (and bench with --bench).
-    A second run after a fix resumes: finished stages are up to date."""
+main = click.version_option(package_name="sparkstack")(group(
+    "sparkstack", "Plan, build, ship and launch GLM-5.3-Flash NVFP4 + DFlash2 on DGX Spark pairs.",
+    strip=Lazy("sparkstack.strip.command:COMMAND",
+               "Remove the MTP layer from a checkpoint, writing a new cache entry and never touching SRC."),
+    image=group("image", "Build, verify and load the serving image (build and verify need no daemon).",
+                build=Lazy("sparkstack.image.command:COMMAND",
+                           "Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."),
+                verify=Lazy("sparkstack.oci.command:VERIFY", "Re-hash every blob and check every layer's diff_id."),
+                load=Lazy("sparkstack.oci.command:LOAD", "Stream an OCI image into docker/podman load (no temp "
+                          "tar); its image ID must be the config digest.")),
+    patch=group("patch", "Inspect the overlay's patch steps against a base image.",
+                check=Lazy("sparkstack.patch.command:CHECK",
+                           "The drift report: every step applied, applicable, drifted or gone; every install target "
+                           "absent, identical or present upstream. Exit 1 when a step drifted or its file is gone.")),
+    pin=group("pin", "Pin inputs by content: the base image's digests (nix/pins.json) and the overlay's files.",
+              overlay=Lazy("sparkstack.patch.command:PIN", "Fill a checkout's overlay.toml sha256 fields from the "
+                           "real overlay files (and wheels)."),
+              base=Lazy("sparkstack.oci.command:PIN_BASE", "Resolve the base REF (a tag or digest) through its "
+                        "registry and pin it, per platform, in nix/pins.json."),
+              fetch=Lazy("sparkstack.oci.command:PIN_FETCH", "Download one blob or manifest the pins file names, "
+                         "verify it, and write it atomically to --out.")),
+    fetch=Lazy("sparkstack.fetch.command:COMMAND",
+               "Download exactly the recipe's pinned model and drafter commits into the head's HF cache."),
+    launch=Lazy("sparkstack.launch.command:COMMAND", "Launch rank N, all ranks, or `stop` / `status` them, from a "
+                "recipe.", terminal.OptionalValueCommand),
+    tune=Lazy("sparkstack.tune.command:COMMAND", "Tune every rank's host: swappiness 0 (now and at boot), GPU "
+              "persistence mode and clock cap, page cache."),
+    plan=group("plan", "Plans that need no machine.",
+               kv=Lazy("sparkstack.launch.command:PLAN_KV",
+                       "Tokens a KV pin buys, its coverage of max-model-len, and whether KV pages unify.")),
+    ship=Lazy("sparkstack.ship.command:COMMAND", "Send each host only the image and weight blobs it lacks, verified "
+              "on arrival; then load and link there."),
+    verify=Lazy("sparkstack.verify.command:COMMAND", "Prove a served endpoint works: /health, chat, streamed usage, "
+                "a tool call, the reasoning split and spec decode (required); an image part, a U+FFFD probe and the "
+                "prefix cache (warn only). Exit 1 if a required check fails."),
+    soak=Lazy("sparkstack.soak.command:COMMAND",
+              "Bounded load for hours: C streams of the prompt suite, a JSONL log, flaps and restarts counted."),
+    top=Lazy("sparkstack.top.command:COMMAND", "A live view of an engine from /metrics: requests, tok/s, acceptance, "
+             "KV and prefix cache, preemptions."),
+    bench=Lazy("sparkstack.bench.command:COMMAND", "Measure a served stack on the fixed prompt suite: one block per "
+               "(concurrency, category); exit 1 on a fault."),
+    compare=Lazy("sparkstack.bench.command:COMPARE",
+                 "Per-cell change from bench report A to B, marking changes beyond the spread of each run's rounds."),
+    sweep=Lazy("sparkstack.sweep.command:COMMAND", "Run the recipe once per cell of the knobs' product (--vary "
+               "KNOB=V1,V2): boot, bench with one salt, and one table of every cell's figures beside the first's "
+               "noise. Resumable; relaunches the recipe as it stands at the end."),
+    up=Lazy("sparkstack.up.command:COMMAND", "The whole runbook, planned first: fetch, strip, build, ship, tune, "
+            "launch, verify (and bench with --bench). A second run after a fix resumes: finished stages are up to "
+            "date."),
+))
 
 
 def entry() -> None:
