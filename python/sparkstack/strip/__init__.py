@@ -1,6 +1,2 @@
-"""MTP removal: plan from headers, then a zero-copy, verified, atomic rewrite."""
-
-from sparkstack.strip.apply import StripResult, apply_strip
-from sparkstack.strip.plan import StripPlan, plan_strip
-
-__all__ = ["StripPlan", "StripResult", "apply_strip", "plan_strip"]
+"""MTP removal: plan from headers, then a zero-copy, verified, atomic rewrite (plan.py, apply.py; the command in
+command.py). Nothing is imported here, so that naming the command loads only its declaration."""

@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkstack.command import UP_TO_DATE, WILL_RUN, Command, Summary, View, argument, option
-from sparkstack.strip.apply import StripResult, apply_strip
-from sparkstack.strip.plan import StripPlan, plan_strip
-from sparkstack.strip.plan import plan_lines as strip_plan_lines
 from sparkstack.units import human_bytes
+
+if TYPE_CHECKING:
+    from sparkstack.strip.apply import StripResult
+    from sparkstack.strip.plan import StripPlan
+
+# The plan's and apply's modules (the cache, the shard reader, fsio) are imported where they are used, so that
+# `sparkstack strip --help` loads only this declaration (issue 39's start-up budget).
 
 PATH = ("strip",)
 
@@ -34,6 +39,7 @@ class Plan:
 
 def plan(request: Request, environ: Mapping[str, str]) -> Plan:
     from sparkstack.hfcache import no_mtp_destination, resolve_source
+    from sparkstack.strip.plan import plan_strip
 
     source = resolve_source(request.src)
     dest = request.out.absolute() if request.out else no_mtp_destination(source)
@@ -41,6 +47,8 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
 
 
 def apply(p: Plan, view: View) -> StripResult:
+    from sparkstack.strip.apply import apply_strip
+
     total = p.strip.bytes_to_copy
     with view.progress("rewriting shards", total, enabled=not p.strip.up_to_date and total > 0) as advance:
         return apply_strip(p.strip, on_progress=advance, on_wait=lambda dest, pid: view.note(
@@ -68,6 +76,12 @@ def summary(p: Plan) -> Summary:
                    s.bytes_to_write, outputs)
 
 
-COMMAND = Command(PATH, Request, plan, apply, plan_lines=lambda p: strip_plan_lines(p.strip), plan_json=plan_json,
+def plan_lines(p: Plan) -> list[str]:
+    from sparkstack.strip.plan import plan_lines as strip_plan_lines
+
+    return strip_plan_lines(p.strip)
+
+
+COMMAND = Command(PATH, Request, plan, apply, plan_lines=plan_lines, plan_json=plan_json,
                   result_lines=lambda p, r: r.lines(p.strip), result_json=result_json,
                   warnings=lambda p: p.strip.warnings, summary=summary, outputs=lambda p, r: dict(summary(p).outputs))
