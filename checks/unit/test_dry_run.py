@@ -75,8 +75,11 @@ LAUNCH_OPTS = ["--host-root", "{host_root}", "--health-attempts", "1", "--health
 
 
 def command_paths(group: click.Group, prefix=()) -> set[tuple[str, ...]]:
+    """Every leaf, through click's own listing (the lazy group loads each as it is named)."""
     paths = set()
-    for name, cmd in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
         if isinstance(cmd, click.Group):
             paths |= command_paths(cmd, prefix + (name,))
         else:
@@ -87,7 +90,7 @@ def command_paths(group: click.Group, prefix=()) -> set[tuple[str, ...]]:
 def lookup(path: tuple[str, ...]) -> click.Command:
     cmd = main
     for name in path:
-        cmd = cmd.commands[name]
+        cmd = cmd.get_command(click.Context(cmd), name)
     return cmd
 
 
