@@ -286,6 +286,14 @@ def first_manifest(layout: Path) -> dict:
     return read_doc(layout, json.loads((layout / "index.json").read_text())["manifests"][0]["digest"])
 
 
+def layout_digests(layout: Path) -> dict:
+    """Manifest, config and layer digests of a single-image OCI layout, read from its files."""
+    (entry,) = json.loads((layout / "index.json").read_text())["manifests"]
+    manifest = json.loads((layout / "blobs/sha256" / entry["digest"].split(":")[1]).read_text())
+    return {"manifest": entry["digest"], "config": manifest["config"]["digest"],
+            "layers": [layer["digest"] for layer in manifest["layers"]]}
+
+
 # ---------------------------------------------------------------- the fixture overlay
 
 APPLY_EDITS = '''

@@ -21,6 +21,7 @@ Where a setting has a remote twin, STANDIN_REMOTE_X wins over STANDIN_X on a "re
 """
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -124,3 +125,18 @@ def recorded(log: Path) -> list[list[str]]:
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def recording_tools(dest: Path, recorder: Path, log: Path, root: Path) -> Path:
+    """`sysctl` and `nvidia-smi` stand-ins (this module's) for one machine: what they are asked is logged to
+    `log`, `sysctl -w` writes under `root` (never /proc/sys), the GPU starts in persistence mode Disabled."""
+    dest.mkdir()
+    settings = {"RECORD_LOG": log, "STANDIN_SYSCTL_ROOT": root, "STANDIN_GPU_STATE": log.with_suffix(".gpu.json"),
+                "STANDIN_GPU_PERSISTENCE_MODE": "Disabled"}
+    exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in settings.items())
+    for name in ("sysctl", "nvidia-smi"):
+        # python3 from PATH: the worker's own (the venv's interpreter lives under this machine's /root, which the
+        # worker's HOME hides); the stand-ins need only the standard library.
+        (dest / name).write_text(f'#!/bin/sh\nexport {exports}\nexec python3 {shlex.quote(str(recorder / name))} "$@"\n')
+        (dest / name).chmod(0o755)
+    return dest

@@ -222,7 +222,7 @@ def make_world(lab: Lab, work: Path, vllm_py: str, base: Path) -> World:
     import standins
     from hostfix import meminfo, write_host
     from hub_standin import HubStandin
-    from test_runbook import recording_tools
+    from standins import recording_tools
 
     import shiplab
 

@@ -211,7 +211,7 @@ def test_up_brings_the_real_pair_from_an_empty_lab(pair):
 
 def test_the_pair_is_two_hosts_serving_one_model_tensor_parallel(pair):
     world, lab = pair, pair.lab
-    from test_runbook import layout_digests
+    from imagefix import layout_digests
 
     built = layout_digests(world.work / "image")["config"]  # the image sparkstack built, by its config digest
     ranks = {}

@@ -35,6 +35,7 @@ import standins
 import synth
 from clirun import sparkstack_cmd
 from hostfix import BOOT_ID, meminfo, write_host
+from imagefix import layout_digests
 from hub_standin import DRAFTER, MODEL, HubStandin, synthetic_repos
 from huggingface_hub import scan_cache_dir
 from registry_standin import Repo, Standin
@@ -79,29 +80,6 @@ class Runbook:
         return proc
 
 
-def recording_tools(dest: Path, recorder: Path, log: Path, root: Path) -> Path:
-    """`sysctl` and `nvidia-smi` stand-ins (checks/standins.py) for one machine: what they are asked is logged to
-    `log`, `sysctl -w` writes under `root` (never /proc/sys), the GPU starts in persistence mode Disabled."""
-    dest.mkdir()
-    settings = {"RECORD_LOG": log, "STANDIN_SYSCTL_ROOT": root, "STANDIN_GPU_STATE": log.with_suffix(".gpu.json"),
-                "STANDIN_GPU_PERSISTENCE_MODE": "Disabled"}
-    exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in settings.items())
-    for name in ("sysctl", "nvidia-smi"):
-        # python3 from PATH: the worker's own (the venv's interpreter lives under this machine's /root, which the
-        # worker's HOME hides); the stand-ins need only the standard library.
-        (dest / name).write_text(f'#!/bin/sh\nexport {exports}\nexec python3 {shlex.quote(str(recorder / name))} "$@"\n')
-        (dest / name).chmod(0o755)
-    return dest
-
-
-def layout_digests(layout: Path) -> dict:
-    """Manifest, config and layer digests of a single-image OCI layout, read from its files."""
-    (entry,) = json.loads((layout / "index.json").read_text())["manifests"]
-    manifest = json.loads((layout / "blobs/sha256" / entry["digest"].split(":")[1]).read_text())
-    return {"manifest": entry["digest"], "config": manifest["config"]["digest"],
-            "layers": [layer["digest"] for layer in manifest["layers"]]}
-
-
 @pytest.fixture
 def world(lab, standin_image, tmp_path_factory):
     """Stand-ins up, the recipe and the two host roots written, the tools in place on both machines; afterwards
@@ -138,7 +116,7 @@ def world(lab, standin_image, tmp_path_factory):
         write_host(root, tuned=False)
         (root / "proc/meminfo").write_text(meminfo(Cached=PAGE_CACHE_KIB))
         (root / "machine").write_text(name)
-        tools[name] = recording_tools(work / f"{name}-tools", recorder, work / f"{name}-record.jsonl", roots["head"])
+        tools[name] = standins.recording_tools(work / f"{name}-tools", recorder, work / f"{name}-record.jsonl", roots["head"])
 
     env = shiplab.head_env(home, {
         "HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": "", "HF_HUB_CACHE": "",

@@ -32,7 +32,8 @@ from hub_standin import DRAFTER, MODEL, HubStandin, files_of
 from huggingface_hub import scan_cache_dir
 from lab import FABRIC_IF, in_netns, machine_processes, veth_bytes
 from safetensors.numpy import save_file
-from test_runbook import BASE_REF, STRIPPED, TUNE_ACTS, layout_digests, world  # noqa: F401 (world: the fixture)
+from imagefix import layout_digests
+from test_runbook import BASE_REF, STRIPPED, TUNE_ACTS, world  # noqa: F401 (world: the fixture)
 
 import standins
 
