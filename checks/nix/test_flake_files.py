@@ -57,7 +57,7 @@ def test_package_nix_names_exactly_the_pyproject_dependencies():
 
 
 def command_modules() -> set[str]:
-    """sparkstack.cli, the command objects it imports (each area's command.py), and every sparkstack module those
+    """sparkstack.cli, the command objects it imports (or names, lazily) (each area's command.py), and every sparkstack module those
     import, at any depth of their code (each command imports its own area's modules)."""
     import ast
 
@@ -80,6 +80,10 @@ def command_modules() -> set[str]:
                 found.update(f"{n.module}.{a.name}" for a in n.names if is_module(f"{n.module}.{a.name}"))
             elif isinstance(n, ast.Import):
                 found.update(a.name for a in n.names if a.name.split(".")[0] == "sparkstack")
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"sparkstack(\.\w+)+:\w+", n.value):
+                # cli's lazy commands, named as "module:NAME"; importing one runs its package's __init__ first
+                parts = n.value.partition(":")[0].split(".")
+                found.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
         todo += [m for m in found - mods if m.endswith(".command")]  # a command object's own imports count too
         mods |= found
     return mods

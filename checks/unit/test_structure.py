@@ -1,6 +1,7 @@
 """Structure the design asks for: no import cycle in sparkstack, and one owner for the HF cache layout."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sparkstack"
@@ -12,6 +13,7 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+LAZY_TARGET = re.compile(r"sparkstack(\.\w+)+:\w+")  # "module:NAME", a lazy import spelled as a string
 
 
 def ancestors(name: str) -> list[str]:
@@ -35,6 +37,8 @@ def imported(name: str, path: Path) -> set[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY_TARGET.fullmatch(node.value):
+            targets = [node.value.partition(":")[0]]  # cli's lazy commands: imported by name, on first use
         for t in targets:
             if t in MODULES:
                 found.add(t)
