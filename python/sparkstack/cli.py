@@ -242,6 +242,11 @@ def image_build():
     """Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."""
 
 
+@command(image, oci_cmd.PULL)
+def image_pull():
+    """Assemble the pinned base as an OCI layout dir from the registry: every blob verified, resumable."""
+
+
 @command(image, oci_cmd.VERIFY)
 def image_verify():
     """Re-hash every blob and check every layer's diff_id."""
