@@ -244,7 +244,8 @@ def _apply_pull(p: PullPlan, view: View):
     if not f.up_to_date:
         view.say(f.lines()[0].replace("would pull", "pulling", 1))
     with view.progress(f"pulling {f.platform} base", f.missing_bytes, enabled=f.missing_bytes > 0) as advance:
-        return apply_pull(f, on_progress=advance)
+        return apply_pull(f, on_progress=advance, on_wait=lambda dest, pid: view.note(
+            f"waiting for another pull into {dest}" + (f" (pid {pid})" if pid else "")))
 
 
 def _pull_result_lines(p: PullPlan, r) -> list[str]:

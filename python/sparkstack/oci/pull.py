@@ -260,10 +260,17 @@ def _check_manifest(plan: PullPlan) -> None:
                               f"manifest {m.descriptor.digest} lists; run `sparkstack pin base` again")
 
 
-def apply_pull(plan: PullPlan, on_progress: Callable[[int], None] | None = None) -> PullResult:
-    """Fetch what is missing, then write oci-layout and index.json. Rewrites nothing already in place."""
+def apply_pull(plan: PullPlan, on_progress: Callable[[int], None] | None = None,
+               on_wait: Callable[[Path, int | None], None] = lambda dest, pid: None) -> PullResult:
+    """Fetch what is missing, then write oci-layout and index.json. Rewrites nothing already in place.
+    A second pull into the same --out waits for the first (`on_wait` says so), then fetches only what is left."""
     if plan.up_to_date:
         return PullResult((), (), 0, False)
+    with fsio.dest_lock(plan.out, on_wait):
+        return _pull_locked(plan, on_progress)
+
+
+def _pull_locked(plan: PullPlan, on_progress: Callable[[int], None] | None) -> PullResult:
     _claim_out(plan.out)  # still ours (or still empty) now that we write
     blobs_dir = plan.out / "blobs" / "sha256"
     blobs_dir.mkdir(parents=True, exist_ok=True)
