@@ -8,6 +8,7 @@ will not make. Expected digests and sizes come from the fixture's own bytes; the
 and `image build --base`.
 """
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -316,3 +317,33 @@ def test_auth_token_flow_and_a_registry_that_ignores_range(tmp_path, run_cli):
         assert (out / "blobs/sha256" / layer.split(":")[1]).read_bytes() == data
         verified = run_cli("image", "verify", out, check=0)
         assert arm["config"] in verified.stdout
+
+
+def test_the_progress_bar_counts_the_missing_bytes(pushed, proxy, tmp_path, monkeypatch):
+    """The command's bar (bytes, rate and time left on a terminal: terminal.progress) gets the bytes still
+    missing as its total and every byte fetched as an advance."""
+    from sparkstack.command import View
+    from sparkstack.oci.command import PULL, PullRequest
+
+    class Recording(View):
+        def __init__(self):
+            super().__init__()
+            self.bars, self.said = [], []
+
+        def say(self, line):
+            self.said.append(line)
+
+        @contextlib.contextmanager
+        def progress(self, label, total, enabled=True):
+            bar = {"label": label, "total": total, "advanced": 0}
+            self.bars.append(bar)
+            yield lambda n: bar.__setitem__("advanced", bar["advanced"] + n)
+
+    monkeypatch.setenv("SPARKSTACK_REGISTRY_MIRROR", proxy.url)
+    facts, sizes = pushed["facts"], pushed["sizes"]
+    view = Recording()
+    plan = PULL.plan(PullRequest(out=tmp_path / "base", pins=pushed["pins"]), os.environ)
+    PULL.apply(plan, view)
+    want = sum(sizes[d] for d in all_digests(facts))
+    assert view.bars == [{"label": "pulling linux/arm64 base", "total": want, "advanced": want}]
+    assert sum(e["sent"] for e in proxy.log) == want
