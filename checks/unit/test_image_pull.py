@@ -84,6 +84,8 @@ class Proxy:
         self.upstream = upstream
         self.cut: dict[str, int] = {}
         self.flip: set[str] = set()
+        self.stall: dict[str, int] = {}  # digest -> n: send n body bytes, then hold until `release` is set
+        self.stalled, self.release = threading.Event(), threading.Event()
         self.log: list[dict] = []
         self.lock = threading.Lock()
 
@@ -121,6 +123,18 @@ class Proxy:
                     self.send_header("Connection", "close")
                     self.close_connection = True
                 self.end_headers()
+                with proxy.lock:
+                    stall = proxy.stall.pop(digest, None) if "/blobs/" in self.path else None
+                if stall is not None:
+                    try:
+                        self.wfile.write(body[:stall])
+                        self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
+                    entry["sent"] = stall
+                    proxy.stalled.set()
+                    proxy.release.wait(120)
+                    return
                 out = body if cut is None else body[:cut]
                 try:
                     self.wfile.write(out)
@@ -250,7 +264,8 @@ def test_a_pull_cut_mid_blob_resumes_with_a_range_and_fetches_only_the_rest(push
     proxy.cut[big] = CUT_AT
     cut = pull(run_cli, pushed, proxy, out)
     assert cut.returncode == 1
-    assert big in one_error_line(cut)
+    line = one_error_line(cut)
+    assert big in line and "pull again to fetch the rest" in line
     assert not looks_complete(out)
     partial = out / "blobs/sha256" / (big.split(":")[1] + ".partial")
     held = partial.stat().st_size
@@ -347,3 +362,37 @@ def test_the_progress_bar_counts_the_missing_bytes(pushed, proxy, tmp_path, monk
     want = sum(sizes[d] for d in all_digests(facts))
     assert view.bars == [{"label": "pulling linux/arm64 base", "total": want, "advanced": want}]
     assert sum(e["sent"] for e in proxy.log) == want
+
+
+def test_a_killed_pull_resumes_from_what_it_had_written(pushed, proxy, tmp_path):
+    """kill -9 in the middle of a blob: the next pull keeps the finished blobs and asks for the partial's rest."""
+    from clirun import sparkstack_cmd
+
+    facts, sizes = pushed["facts"], pushed["sizes"]
+    big = facts["layers"][-1]
+    out = tmp_path / "base"
+    proxy.stall[big] = CUT_AT
+    env = {**os.environ, "SPARKSTACK_REGISTRY_MIRROR": proxy.url}
+    proc = subprocess.Popen(sparkstack_cmd() + ["image", "pull", "--out", str(out), "--pins", str(pushed["pins"])],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert proxy.stalled.wait(120), "the pull never reached the big blob"
+        partial = out / "blobs/sha256" / (big.split(":")[1] + ".partial")
+        deadline = time.monotonic() + 120  # a bound on the wait for the first chunk to land, not a verdict
+        while not (partial.exists() and partial.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait(30)
+    finally:
+        proxy.release.set()
+    assert not looks_complete(out)
+    held = partial.stat().st_size
+    assert 0 < held <= CUT_AT
+    proxy.clear()
+    again = subprocess.run(sparkstack_cmd() + ["image", "pull", "--out", str(out), "--pins", str(pushed["pins"]),
+                                               "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert [(e["range"], e["sent"]) for e in proxy.blob_requests(big)] == [(f"bytes={held}-", sizes[big] - held)]
+    assert all(proxy.blob_requests(d) == [] for d in [facts["config"], *facts["layers"][:-1]])  # finished before
+    blob = out / "blobs/sha256" / big.split(":")[1]
+    assert "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest() == big and (out / "index.json").exists()

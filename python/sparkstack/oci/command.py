@@ -261,4 +261,5 @@ PULL = Command(
     ("image", "pull"), PullRequest, _plan_pull, _apply_pull,
     plan_lines=lambda p: p.pull.lines(), plan_json=lambda p: {**p.pull.to_json(), "dry_run": True},
     result_lines=_pull_result_lines,
-    result_json=lambda p, r: {**p.pull.to_json(), "dry_run": False, "result": r.to_json()})
+    result_json=lambda p, r: {**p.pull.to_json(), "dry_run": False, "result": r.to_json()},
+    on_interrupt=" (verified blobs are kept, and a partial one under its .partial name: pull again to fetch the rest)")

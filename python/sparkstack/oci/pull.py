@@ -234,13 +234,16 @@ def _fetch_one(reg: Registry, plan: PullPlan, blob: PulledBlob, on_progress: Cal
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
-    except SparkstackError:
+    except SparkstackError as exc:
         # A cut connection keeps what came (the next run asks for the rest); a blob that came whole and
         # still failed is wrong bytes, which no run may build on.
         size = _file_state(part)
         if size is not None and (size == 0 or size >= desc.size):
             part.unlink()
-        raise
+            raise
+        if size is None:
+            raise
+        raise SparkstackError(f"{exc} ({human_bytes(size)} of it kept in {part}: pull again to fetch the rest)") from None
     os.replace(part, final)
     fsio.fsync_dir(final.parent)
     return bool(resumed) and resumed[0] > 0
