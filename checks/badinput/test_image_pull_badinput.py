@@ -124,3 +124,21 @@ def test_hostile_answer_to_image_pull(fixture, tmp_path, run_cli, fault):
     check_one_line(proc, FAULTS[fault])
     assert not (out / "index.json").exists() and not (out / "oci-layout").exists()
     assert not list(out.glob("blobs/sha256/*.partial"))
+
+
+def test_pins_that_disagree_with_the_manifest_stop_before_any_layer(fixture, tmp_path, run_cli):
+    """A pins file edited by hand (a layer dropped): the manifest, fetched by its pinned digest, says otherwise."""
+    repos, served = fixture
+    pins = tmp_path / "pins.json"
+    out = tmp_path / "out"
+    with Standin(repos) as standin:
+        env = {"SPARKSTACK_REGISTRY_MIRROR": standin.url}
+        run_cli("pin", "base", f"ghcr.io/{served.repo}:{served.tag}", "--pins", pins, env=env, check=0)
+        doc = json.loads(pins.read_text())
+        doc["platforms"]["linux/arm64"]["layers"].pop(0)
+        pins.write_text(json.dumps(doc))
+        proc = run_cli("image", "pull", "--out", out, "--pins", pins, env=env)
+        cdn = standin.requests("cdn")
+    check_one_line(proc, "are not the ones manifest")
+    assert not (out / "index.json").exists()
+    assert not any(layer in r["path"] for r in cdn for layer in served.platforms["linux/arm64"]["layers"])

@@ -284,15 +284,15 @@ def _pull_locked(plan: PullPlan, on_progress: Callable[[int], None] | None) -> P
     fetched, resumed, counted = [], [], [0]
     reg = Registry(plan.registry, plan.repository)
     try:
-        for blob in plan.blobs:
-            if blob_path(plan.out, blob.descriptor.digest).exists():
-                continue
-            if _fetch_one(reg, plan, blob, on_progress, counted):
-                resumed.append(blob.descriptor.digest)
-            fetched.append(blob.descriptor.digest)
+        for i, blob in enumerate(plan.blobs):
+            if not blob_path(plan.out, blob.descriptor.digest).exists():
+                if _fetch_one(reg, plan, blob, on_progress, counted):
+                    resumed.append(blob.descriptor.digest)
+                fetched.append(blob.descriptor.digest)
+            if i == 0:  # the manifest comes first: a disagreement with the pins stops before any layer byte
+                _check_manifest(plan)
     finally:
         reg.close()
-    _check_manifest(plan)
     written = False
     if not (plan.out / "oci-layout").exists() or (plan.out / "oci-layout").read_bytes() != OCI_LAYOUT:
         fsio.write_atomic(plan.out / "oci-layout", OCI_LAYOUT)
