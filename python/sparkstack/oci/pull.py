@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +159,12 @@ def plan_pull(pins_path: Path, platform: str, out: Path) -> PullPlan:
     pins = read_pins(pins_path)
     pinned = pins.platform(platform)
     if pinned is None:
-        have = ", ".join(n for n, _ in pins.platforms) or "none"
-        raise SparkstackError(f"{pins_path} pins no {platform} image of {pins.reference} (pinned: {have}); "
-                              f"run `sparkstack pin base {pins.reference} --platform {platform}` first")
+        names = [n for n, _ in pins.platforms]
+        # pin base re-pins exactly the platforms it is given: the ones pinned now, and this one
+        again = shlex.join(["sparkstack", "pin", "base", pins.reference, "--pins", str(pins_path),
+                            *[a for n in [*names, platform] for a in ("--platform", n)]])
+        raise SparkstackError(f"{pins_path} pins no {platform} image of {pins.reference} (pinned: "
+                              f"{', '.join(names) or 'none'}); run `{again}` first")
     _claim_out(out)
     n = len(pinned.layers)
     wanted = [("manifest", "manifests", pinned.manifest), ("config", "blobs", pinned.config)]
