@@ -83,6 +83,7 @@ class Proxy:
         self.upstream = upstream
         self.cut: dict[str, int] = {}
         self.flip: set[str] = set()
+        self.refuse_range = False  # answer 416 to every Range (a registry that will not serve ranges)
         self.stall: dict[str, int] = {}  # digest -> n: send n body bytes, then hold until `release` is set
         self.stalled, self.release = threading.Event(), threading.Event()
         self.log: list[dict] = []
@@ -101,6 +102,11 @@ class Proxy:
                 entry = {"path": self.path, "range": self.headers.get("Range"), "sent": 0}
                 with proxy.lock:
                     proxy.log.append(entry)
+                if proxy.refuse_range and entry["range"]:
+                    self.send_response(416)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
                 keep = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "range", "authorization",
                                                                                 "user-agent")}
@@ -395,3 +401,20 @@ def test_a_killed_pull_resumes_from_what_it_had_written(pushed, proxy, tmp_path)
     assert all(proxy.blob_requests(d) == [] for d in [facts["config"], *facts["layers"][:-1]])  # finished before
     blob = out / "blobs/sha256" / big.split(":")[1]
     assert "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest() == big and (out / "index.json").exists()
+
+
+def test_a_registry_that_refuses_the_range_sends_the_whole_blob_again(pushed, proxy, run_cli, tmp_path):
+    facts, sizes = pushed["facts"], pushed["sizes"]
+    big = facts["layers"][-1]
+    out = tmp_path / "base"
+    proxy.cut[big] = CUT_AT
+    assert pull(run_cli, pushed, proxy, out).returncode == 1
+    held = (out / "blobs/sha256" / (big.split(":")[1] + ".partial")).stat().st_size
+    assert held > 0
+    proxy.clear()
+    proxy.refuse_range = True
+    doc = json.loads(pull(run_cli, pushed, proxy, out, "--json", check=0).stdout)
+    assert [(e["range"], e["sent"]) for e in proxy.blob_requests(big)] == [(f"bytes={held}-", 0), (None, sizes[big])]
+    assert doc["result"]["resumed"] == [] and doc["result"]["fetched"] == [big]
+    blob = out / "blobs/sha256" / big.split(":")[1]
+    assert "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest() == big

@@ -335,7 +335,7 @@ class Registry:
         request. The registry's answer decides where the yielded bytes start, and `resume.restart(start)`
         is told before the first one: `offset` on a 206 whose Content-Range says exactly that range (the
         count and the hash then go on from `resume.hasher`, fed with the bytes the caller holds), 0 on a
-        200 (a registry or CDN that ignores Range: the whole blob comes again)."""
+        200 (a registry or CDN that ignores Range, or refuses it with 416: the whole blob comes again)."""
         kind, digest = target
         what = f"{'blob' if kind == 'blobs' else 'manifest'} {digest}"
         headers = {"Accept": ", ".join(accept)} if kind == "manifests" else {}
@@ -345,6 +345,10 @@ class Registry:
             headers["Range"] = f"bytes={resume.offset}-"
         limit = size if size is not None else (cap if cap is not None else MANIFEST_CAP if kind == "manifests" else None)
         resp = self._request(f"/v2/{self.repository}/{kind}/{digest}", headers, what)
+        if resume is not None and resp.status_code == 416:  # the range refused: ask for the whole blob
+            resp.close()
+            headers.pop("Range")
+            resp = self._request(f"/v2/{self.repository}/{kind}/{digest}", headers, what)
         h = hashlib.sha256()
         count = 0
         try:
