@@ -73,6 +73,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.oci.command"
     "sparkstack.oci.load"
     "sparkstack.oci.pins"
+    "sparkstack.oci.pull"
     "sparkstack.oci.verify"
     "sparkstack.patch"
     "sparkstack.patch.command"

@@ -46,6 +46,7 @@ INVOCATIONS = {
     ("pin", "base"): ([["--pins", "{pins_unresolved}"], ["{registry_ref}", "--platform", "linux/amd64",
                                                           "--pins", "{pins_unresolved}"]], False),
     ("pin", "fetch"): ([["{pinned_layer}", "--pins", "{pins_resolved}", "--out", "{fetch_out}"]], False),
+    ("image", "pull"): ([["--pins", "{pins_resolved}", "--out", "{pull_out}"]], False),
     ("image", "load"): ([["{base}"], ["{base}", "--host", "rank1"], ["{base}", "--engine", "podman"]], False),
     ("launch",): ([["0", "{launch}"], ["all", "{launch}"], ["all", "--drop-caches", "{launch}"], ["stop", "{launch}"],
                    ["0", "--probe", "--gates", "{launch}"]], False),
@@ -131,7 +132,7 @@ def world(tmp_path):
     layer = served.layouts["linux/arm64"] / "blobs/sha256" / arm["layers"][0].split(":")[1]
     desc = lambda d, size=1: {"digest": d, "mediaType": "application/octet-stream", "size": size}  # noqa: E731
     ref = f"ghcr.io/{served.repo}:{served.tag}"
-    w.update(registry_ref=ref, pinned_layer=arm["layers"][0], fetch_out=tmp_path / "fetched-layer",
+    w.update(registry_ref=ref, pinned_layer=arm["layers"][0], fetch_out=tmp_path / "fetched-layer", pull_out=tmp_path / "pulled",
              pins_unresolved=tmp_path / "pins-unresolved.json", pins_resolved=tmp_path / "pins-resolved.json")
     stale = {"digest": "sha256:" + "0" * 64, "mediaType": None, "size": None}
     w["pins_unresolved"].write_text(json.dumps({"reference": ref, "registry": "ghcr.io", "repository": served.repo,

@@ -125,6 +125,21 @@ def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(
     assert not (world["home"] / "hf").exists() and not (world["tmp"] / "state").exists()
 
 
+def test_a_pinned_base_not_given_is_unblocked_by_image_pull(world):
+    """Pins that name the platform, no --base, no Nix: build's unblock is the `image pull` that assembles it."""
+    layer = {"digest": "sha256:" + "4" * 64, "mediaType": "application/vnd.oci.image.layer.v1.tar", "size": 4}
+    doc = json.loads(world["pins"].read_text())
+    doc["platforms"] = {"linux/arm64": {"manifest": {**layer, "digest": "sha256:" + "2" * 64,
+                                                     "mediaType": "application/vnd.oci.image.manifest.v1+json"},
+                                        "config": {**layer, "digest": "sha256:" + "3" * 64}, "layers": [layer]}}
+    world["pins"].write_text(json.dumps(doc))
+    proc = up(world, "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    build = by_stage(json.loads(proc.stdout))["build"]
+    assert build["state"] == "blocked" and "sha256:222222222222" in build["detail"]
+    assert build["unblock"] == f"sparkstack image pull --out base --pins {world['pins']}"
+
+
 def test_off_a_terminal_up_needs_yes_and_applies_nothing(world, tmp_path):
     repos = synthetic_repos(tmp_path / "repos")
     recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])

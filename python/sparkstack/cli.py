@@ -258,6 +258,8 @@ main = click.version_option(package_name="sparkstack")(group(
     image=group("image", "Build, verify and load the serving image (build and verify need no daemon).",
                 build=Lazy("sparkstack.image.command:COMMAND",
                            "Pinned base + overlay + patch steps -> one new layer; base layers reused by digest."),
+                pull=Lazy("sparkstack.oci.command:PULL", "Assemble the pinned base as an OCI layout dir from the "
+                          "registry: every blob verified, resumable."),
                 verify=Lazy("sparkstack.oci.command:VERIFY", "Re-hash every blob and check every layer's diff_id."),
                 load=Lazy("sparkstack.oci.command:LOAD", "Stream an OCI image into docker/podman load (no temp "
                           "tar); its image ID must be the config digest.")),

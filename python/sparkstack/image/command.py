@@ -20,7 +20,8 @@ def link_base_option():
 @dataclass(frozen=True, kw_only=True)
 class Request:
     base: Path = option(None, "--base", kind="path", required=True,
-                        help="Base image: OCI layout dir, oci-archive or docker-archive tar.")
+                        help="Base image: OCI layout dir (`image pull --out DIR` makes the pinned one), oci-archive or "
+                             "docker-archive tar.")
     overlay: Path | None = overlay_option()
     overlay_src: Path | None = overlay_src_option()
     out: Path = option(Path("image"), "--out", kind="path", show_default=True,

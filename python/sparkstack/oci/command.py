@@ -209,3 +209,57 @@ PIN_FETCH = Command(
     result_lines=lambda p, fetched: [("fetched " if fetched else "up to date: ") +
                                      f"{p.fetch.out} ({p.fetch.what} {p.fetch.digest})"],
     result_json=lambda p, fetched: {**p.fetch.to_json(), "fetched": fetched})
+
+
+# ---------------------------------------------------------------- image pull
+
+@dataclass(frozen=True, kw_only=True)
+class PullRequest:
+    out: Path = option(None, "--out", kind="path", required=True,
+                       help="The OCI layout dir to assemble (absent, empty, or one an earlier pull left).")
+    pins: Path | None = pins_option()
+    platform: str = option("linux/arm64", "--platform", show_default=True, help="The pinned platform to pull.")
+    dry_run: bool = option(False, "--dry-run", kind="flag",
+                           help="Say what is missing, in bytes, from the pins and --out alone; fetch nothing.")
+    as_json: bool = option(False, "--json", kind="flag")
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    request: PullRequest
+    pull: object  # oci.pull.PullPlan
+
+
+def _plan_pull(request: PullRequest, environ: Mapping[str, str]) -> PullPlan:
+    from sparkstack.oci.pins import default_pins_path
+    from sparkstack.oci.pull import plan_pull
+
+    return PullPlan(request, plan_pull(default_pins_path(request.pins), request.platform, request.out))
+
+
+def _apply_pull(p: PullPlan, view: View):
+    from sparkstack.oci.pull import apply_pull
+
+    f = p.pull
+    if not f.up_to_date:
+        view.say(f.lines()[0].replace("would pull", "pulling", 1))
+    with view.progress(f"pulling {f.platform} base", f.missing_bytes, enabled=f.missing_bytes > 0) as advance:
+        return apply_pull(f, on_progress=advance, on_wait=lambda dest, pid: view.note(
+            f"waiting for another pull into {dest}" + (f" (pid {pid})" if pid else "")))
+
+
+def _pull_result_lines(p: PullPlan, r) -> list[str]:
+    f = p.pull
+    if f.up_to_date:
+        return f.lines()
+    resumed = f", {len(r.resumed)} resumed" if r.resumed else ""
+    return [f"pulled {f.out}: {f.reference} {f.platform}, manifest {f.manifest.digest}; "
+            f"{human_bytes(r.bytes_fetched)} fetched ({len(r.fetched)} blobs{resumed}), every blob verified"]
+
+
+PULL = Command(
+    ("image", "pull"), PullRequest, _plan_pull, _apply_pull,
+    plan_lines=lambda p: p.pull.lines(), plan_json=lambda p: {**p.pull.to_json(), "dry_run": True},
+    result_lines=_pull_result_lines,
+    result_json=lambda p, r: {**p.pull.to_json(), "dry_run": False, "result": r.to_json()},
+    on_interrupt=" (verified blobs are kept, and a partial one under its .partial name: pull again to fetch the rest)")

@@ -146,6 +146,16 @@ def _parse_challenge(header: str) -> tuple[str, dict[str, str]] | None:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """Where an interrupted blob fetch goes on: the bytes held (`offset`), their running sha256 (`hasher`),
+    and `restart(start)`, told where the answer's bytes begin (offset, or 0 when the whole blob comes again)."""
+
+    offset: int
+    hasher: object  # a hashlib sha256, fed with the first `offset` bytes
+    restart: Callable[[int], None]
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A manifest or index as served: its bytes, their digest, and its media type."""
 
@@ -312,27 +322,51 @@ class Registry:
 
     def stream(self, target: tuple[str, str], size: int | None, accept: tuple[str, ...] = MANIFEST_TYPES,
                cap: int | None = None, on_progress: Callable[[int], None] | None = None,
-               check_digest: bool = True) -> Iterator[bytes]:
+               check_digest: bool = True, resume: Resume | None = None) -> Iterator[bytes]:
         """Yield the bytes of a blob (`("blobs", digest)`) or manifest (`("manifests", digest)`).
 
         The stream stops with an error on more bytes than `size` (or `cap`); after the last chunk
         it checks the count and the sha256 against the digest, so a caller that consumed every chunk
         without an error holds exactly the named bytes. `check_digest=False` leaves out the sha256
         comparisons (body and Docker-Content-Digest), never the size checks: only for a caller that
-        checks the digest itself (a Nix fixed-output derivation)."""
+        checks the digest itself (a Nix fixed-output derivation).
+
+        `resume` (a blob of known size only) asks for the bytes from `resume.offset` on with a Range
+        request. The registry's answer decides where the yielded bytes start, and `resume.restart(start)`
+        is told before the first one: `offset` on a 206 whose Content-Range says exactly that range (the
+        count and the hash then go on from `resume.hasher`, fed with the bytes the caller holds), 0 on a
+        200 (a registry or CDN that ignores Range, or refuses it with 416: the whole blob comes again)."""
         kind, digest = target
         what = f"{'blob' if kind == 'blobs' else 'manifest'} {digest}"
         headers = {"Accept": ", ".join(accept)} if kind == "manifests" else {}
+        if resume is not None:
+            if kind != "blobs" or size is None or not 0 < resume.offset < size:
+                raise ValueError("resume needs a blob of known size and an offset inside it")
+            headers["Range"] = f"bytes={resume.offset}-"
         limit = size if size is not None else (cap if cap is not None else MANIFEST_CAP if kind == "manifests" else None)
         resp = self._request(f"/v2/{self.repository}/{kind}/{digest}", headers, what)
+        if resume is not None and resp.status_code == 416:  # the range refused: ask for the whole blob
+            resp.close()
+            headers.pop("Range")
+            resp = self._request(f"/v2/{self.repository}/{kind}/{digest}", headers, what)
         h = hashlib.sha256()
         count = 0
         try:
-            if resp.status_code != 200:
+            if resume is not None and resp.status_code == 206:
+                wanted = f"bytes {resume.offset}-{size - 1}/{size}"
+                given = resp.headers.get("Content-Range", "").strip()
+                if given != wanted:
+                    raise SparkstackError(f"{self.label}: {what}: asked for {wanted}, answered Content-Range "
+                                          f"{given or '(none)'}")
+                h, count = resume.hasher, resume.offset
+                resume.restart(resume.offset)
+            elif resp.status_code != 200:
                 self._fail_status(resp, what)
+            elif resume is not None:
+                resume.restart(0)
             header_digest = resp.headers.get("Docker-Content-Digest") if kind == "manifests" else None
             length = resp.headers.get("Content-Length")
-            if limit is not None and length and length.isdigit() and int(length) > limit:
+            if limit is not None and length and length.isdigit() and count + int(length) > limit:
                 raise SparkstackError(f"{self.label}: {what}: {length} bytes announced, more than "
                                       f"{'its pinned size' if size is not None else 'the cap'} ({limit})")
             budget = max(self.timeout * 4, 10) if size is None or size <= CONFIG_CAP else None

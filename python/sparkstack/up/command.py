@@ -32,7 +32,7 @@ class Request:
                                 help="A built image (OCI layout or archive): the build stage's output as given (`nix "
                                      "run .#up` passes the flake's).")
     base: Path | None = option(None, "--base", kind="path",
-                               help="The pinned base (OCI layout or archive) to build on, without Nix.")
+                               help="The pinned base (OCI layout or archive) to build on, without Nix: `image pull --out DIR` makes it.")
     overlay: Path | None = overlay_option()
     overlay_src: Path | None = overlay_src_option()
     pins: Path | None = pins_option()

@@ -254,10 +254,11 @@ def _build_rule(r) -> Stage | None:
         return Stage("build", BLOCKED, f"the base is not pinned for {r.platform} in {r.pins_path} (pinned: "
                      f"{', '.join(dict(pins.platforms)) or 'none'})", rerun, unblock=_pin_base_line(r, pins.reference))
     if r.base is None:
-        recipe = ["--recipe", r.recipe] if r.recipe is not None else []
+        # Without Nix, the pinned base comes from `image pull`; `nix run .#up` builds it from the same pins itself.
+        pull = rerun_line(oci_cmd.PULL, oci_cmd.PullRequest(out=Path("base"), pins=r.pins_path, platform=r.platform))
         return Stage("build", BLOCKED, f"no base image here: pass --base DIR (an OCI layout or archive of the pinned "
-                     f"manifest {pinned.manifest.digest[:19]}), or run `nix run .#up`, which builds it from the pins",
-                     rerun, unblock=shlex.join(("nix", "run", ".#up", "--", *recipe)))
+                     f"manifest {pinned.manifest.digest[:19]}; `{pull}` assembles one, then pass --base base), or run "
+                     "`nix run .#up`, which builds it from the pins", rerun, unblock=pull)
     return None
 
 
