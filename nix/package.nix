@@ -119,6 +119,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.up.report"
     "sparkstack.verify"
     "sparkstack.verify.command"
+    "sparkstack.verify.run"
   ];
 
   # For checks.unit and the dev shell, whichever nixpkgs builds this.

@@ -15,9 +15,10 @@ import time
 import pytest
 from clirun import sparkstack_cmd
 from inprocess_engine import Behaviour, serving
-from sparkstack.cli import verify as verify_cmd
-from sparkstack.verify import CHECKS, plan_verify, run_verify, verdict
-from sparkstack.verify.checks import IMAGE_PNG, LONG_PROMPT, SAMPLING_ANSWERS, SPEC_PROMPT, TOOL_ARGS, TOOL_NAME
+import click
+from sparkstack.cli import main as cli_main
+from sparkstack.verify.run import plan_verify, run_verify, verdict
+from sparkstack.verify.checks import CHECKS, IMAGE_PNG, LONG_PROMPT, SAMPLING_ANSWERS, SPEC_PROMPT, TOOL_ARGS, TOOL_NAME
 
 NAMES = [c.name for c in CHECKS]
 REQUIRED = {c.name for c in CHECKS if c.required}
@@ -213,6 +214,7 @@ def test_the_key_reaches_the_server_from_the_environment_and_is_never_shown(env_
     v1 = [auth for _, path, auth in seen if path.startswith("/v1/")]
     assert v1 and set(v1) == {f"Bearer {KEY}"}
     assert json.loads(dry.stdout)["api_key_set"] is True
+    verify_cmd = cli_main.get_command(click.Context(cli_main), "verify")
     assert not [p.name for p in verify_cmd.params if "key" in p.name and p.name != "api_key_env"]  # no key option
 
 

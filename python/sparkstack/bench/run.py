@@ -11,7 +11,7 @@ from sparkstack.bench.report import NOISY, SERVER_BUSY, Cell, Report, make_cell,
 from sparkstack.endpoint import metrics
 from sparkstack.endpoint.client import Endpoint
 from sparkstack.errors import SparkstackError
-from sparkstack.verify import served_models
+from sparkstack.verify.checks import served_models
 
 
 def _run_block(plan: BenchPlan, endpoint: Endpoint, block: Block, attempt: int, has_metrics: bool,

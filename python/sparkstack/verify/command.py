@@ -41,7 +41,7 @@ class Plan:
 
 
 def plan(request: Request, environ: Mapping[str, str]) -> Plan:
-    from sparkstack.verify import plan_verify
+    from sparkstack.verify.run import plan_verify
 
     r = request
     vp = plan_verify(r.url, r.model, r.api_key_env, environ, r.timeout, r.temperature)
@@ -50,7 +50,7 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
 
 def apply(p: Plan, view: View) -> tuple:
     from sparkstack.launch.apply import latest_record
-    from sparkstack.verify import run_verify
+    from sparkstack.verify.run import run_verify
 
     view.hide(p.api_key)
     say = None if p.request.as_json else (lambda result: view.say(result.line()))
@@ -58,7 +58,7 @@ def apply(p: Plan, view: View) -> tuple:
 
 
 def _failure(p: Plan, results) -> str | None:
-    from sparkstack.verify import verdict
+    from sparkstack.verify.run import verdict
 
     return None if results is None else verdict(list(results))
 
