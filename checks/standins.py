@@ -101,7 +101,8 @@ if name in ("docker", "podman"):
     elif args[:1] == ["inspect"] and "org.sparkstack.rank" in " ".join(args):
         import re
         owned = re.search(r"rank(\d+)$", args[-1])  # launch's default names end in the rank: glm53-tony-rankN
-        print(owned.group(1) if owned else "<no value>")
+        state = "running " if "State.Status" in " ".join(args) else ""
+        print(state + (owned.group(1) if owned else "<no value>"))
     elif args[:1] == ["inspect"]:
         started = "2026-11-29T00:00:00.000000000Z"
         if os.environ.get("STANDIN_STARTED_AT_FILE"):  # a test moves a container's start time by rewriting it

@@ -75,7 +75,7 @@ class AbsentContainer(DeadContainer):
 def test_a_container_absent_right_after_start_is_said_at_once():
     with pytest.raises(LaunchFailed) as caught:
         wait_running(rank(), AbsentContainer(""), Timeouts(worker_start_s=3600))
-    assert str(caught.value) == "rank 1 container glm53-tony-rank1 is absent right after start"
+    assert str(caught.value) == "rank 1 container glm53-tony-rank1 is not there right after start"
 
 
 class RunningContainer(DeadContainer):

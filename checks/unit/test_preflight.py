@@ -252,6 +252,7 @@ class ContainerHost:
 
     def __init__(self, containers: dict[str, str]) -> None:
         self.containers = containers  # name -> state
+        self.labels: dict[str, str] = {}  # name -> its org.sparkstack.rank label (none: not started by sparkstack)
 
     def run_docker(self, *args, timeout=None):
         import subprocess
@@ -262,7 +263,8 @@ class ContainerHost:
             name = args[args.index("--filter") + 1].removeprefix("name=^").removesuffix("$")
             state = self.containers.get(name)
             listed = state is not None and ("-a" in args or state == "running")
-            return subprocess.CompletedProcess(args, 0, f"{name} {state}\n" if listed else "", "")
+            label = self.labels.get(name, "")  # `{{.State}} {{.Label "org.sparkstack.rank"}}`, as docker ps prints it
+            return subprocess.CompletedProcess(args, 0, f"{state} {label}\n" if listed else "", "")
         if args[0] == "inspect":  # a peer's state and image ID, as `docker inspect --format` prints them
             state = self.containers.get(args[-1])
             if state is None:
@@ -286,7 +288,19 @@ def test_an_exited_container_holding_a_ranks_name_fails_preflight():
     checks = docker_checks(plan, {0: ContainerHost({}), 1: ContainerHost({worker: "exited"})}, gates=False)
     stale = {c.rank: (c.status, c.detail) for c in checks if c.name == "stale-container"}
     assert stale[0][0] == "pass"
-    assert stale[1][0] == "fail" and f"{worker} exited" in stale[1][1]
+    assert stale[1][0] == "fail" and f"named {worker} (exited)" in stale[1][1] and "not started by sparkstack" in stale[1][1]
+
+    ours = ContainerHost({worker: "exited"})
+    ours.labels[worker] = "1"  # left by an earlier launch of rank 1: removed before it starts, and said
+    stale = {c.rank: (c.status, c.detail) for c in docker_checks(plan, {0: ContainerHost({}), 1: ours}, gates=False)
+             if c.name == "stale-container"}
+    assert stale[1][0] == "warn" and "removed before rank 1 starts" in stale[1][1]
+
+    running = ContainerHost({worker: "running"})
+    running.labels[worker] = "1"
+    stale = {c.rank: (c.status, c.detail) for c in docker_checks(plan, {0: ContainerHost({}), 1: running}, gates=False)
+             if c.name == "stale-container"}
+    assert stale[1][0] == "fail" and "sparkstack launch 1 stop" in stale[1][1]
 
 
 @pytest.mark.parametrize("peer, images, expect", [

@@ -28,9 +28,12 @@ from sparkstack.launch.timeline import (
     secs,
 )
 from sparkstack.oci.load import apply_load, plan_load
-from sparkstack.remote import Runner, failure_line
+from sparkstack.remote import FOUND, NOT_THERE, UNREACHABLE, Runner, docker_answer, failure_line, unreachable_reason
 from sparkstack.state import launch_runs_dir
 from sparkstack.tune.pagecache import drop_page_cache
+
+
+ABSENT = NOT_THERE  # a rank's state when its docker answered that it has no container of the rank's name
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def _docker_run(rank: RankPlan, runner: Runner) -> list[str]:
 def _state(runner: Runner, name: str) -> tuple[str, str | None]:
     proc = runner.run_docker("inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}", name, timeout=30)
     if proc.returncode != 0:
-        return "absent", None
+        return ABSENT, None
     status, _, started = proc.stdout.strip().partition(" ")
     return status, started
 
@@ -96,6 +99,18 @@ def _started_epoch(started: str | None) -> float:
 
 def all_logs(plan: LaunchPlan, runners: dict[int, Runner], tail: int) -> dict[int, str]:
     return {r.rank: _logs(runners[r.rank], r.name, tail) for r in plan.ranks}
+
+
+def remove_leftover(rank: RankPlan, runner: Runner, on_event: Callable[[str], None]) -> None:
+    """The container of this rank's name that an earlier launch left (its rank label, not running), removed as the
+    seed's launcher did with `docker rm -f`; preflight refused every other kind already."""
+    found = rank_container(runner, rank.name)
+    if found.answer == FOUND and found.label == str(rank.rank) and found.state != "running":
+        proc = runner.run_docker("rm", "-f", rank.name, timeout=60)
+        if proc.returncode != 0:
+            raise LaunchFailed(f"rank {rank.rank}: cannot remove {rank.name} left from an earlier launch: "
+                               f"{failure_line(proc)}", {})
+        on_event(f"rank {rank.rank}: removed {rank.name} ({found.state}), left from an earlier launch")
 
 
 def start_rank(rank: RankPlan, runner: Runner, env: dict) -> list[str]:
@@ -126,7 +141,7 @@ def wait_running(rank: RankPlan, runner: Runner, t: Timeouts) -> None:
         status, started = _state(runner, rank.name)
         if status == "running":
             return
-        if status in ("exited", "dead", "absent"):
+        if status in ("exited", "dead", ABSENT):
             # A container that died of a fatal line before we looked gets that line's diagnosis, as in the boot wait.
             proc = runner.run_docker("logs", "--timestamps", rank.name, timeout=60)
             logs = proc.stdout + proc.stderr if proc.returncode == 0 else ""
@@ -339,6 +354,7 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
         drop_caches(plan, runners, ranks, on_event)
     ran: dict[int, list[str]] = {}
     for rank in sorted((r for r in plan.ranks if r.rank in ranks and r.rank != 0), key=lambda r: r.rank):
+        remove_leftover(rank, runners[rank.rank], on_event)
         on_event(f"starting rank {rank.rank} on {runners[rank.rank].label}")
         ran[rank.rank] = start_rank(rank, runners[rank.rank], env)
         wait_running(rank, runners[rank.rank], t)
@@ -348,6 +364,7 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
         if len(ranks) > 1 and t.worker_delay_s > 0:
             on_event(f"waiting {t.worker_delay_s:g} s before the head")
             time.sleep(t.worker_delay_s)
+        remove_leftover(plan.ranks[0], runners[0], on_event)
         on_event("starting rank 0 (head)")
         ran[0] = start_rank(plan.ranks[0], runners[0], env)
         boot = watch_boot(plan, runners, t, environ.get("VLLM_API_KEY"), on_event, on_poll)
@@ -418,41 +435,66 @@ def start(plan: LaunchPlan, runners: dict[int, Runner], selected: list[RankPlan]
     return Started(record, boot, guard)
 
 
-def stop_commands(plan: LaunchPlan, runners: dict[int, Runner]) -> list[tuple[int, str, list[str]]]:
-    """What `stop` runs, as data: (rank, where, argv), head first, then the workers over the management network."""
-    return [(rank.rank, runners[rank.rank].label, runners[rank.rank].docker("rm", "-f", rank.name)) for rank in plan.ranks]
+def stop_commands(plan: LaunchPlan, runners: dict[int, Runner],
+                  ranks: tuple[int, ...] | None = None) -> list[tuple[int, str, list[str]]]:
+    """What `stop` runs, as data: (rank, where, argv), head first, then the workers over the management network.
+    `ranks`: only these (`launch N stop`); None: every rank."""
+    return [(rank.rank, runners[rank.rank].label, runners[rank.rank].docker("rm", "-f", rank.name)) for rank in plan.ranks
+            if ranks is None or rank.rank in ranks]
 
 
 RANK_LABEL = "org.sparkstack.rank"  # set on every container launch starts (plan.docker_run)
+_LABELLED = f'{{{{.State.Status}}}} {{{{index .Config.Labels "{RANK_LABEL}"}}}}'
 
 
-def _rank_label(runner: Runner, name: str) -> str | None:
-    """The sparkstack rank label of the container `name`; None when there is no such container, "" when unlabelled."""
-    proc = runner.run_docker("inspect", "--format", f'{{{{index .Config.Labels "{RANK_LABEL}"}}}}', name, timeout=30)
-    if proc.returncode != 0:
-        return None
-    label = proc.stdout.strip()
-    return "" if label == "<no value>" else label
+@dataclass(frozen=True)
+class Container:
+    """What a rank's docker said of the container of its name: `answer` is remote's FOUND, NOT_THERE or
+    UNREACHABLE; with FOUND its state and rank label ("" when sparkstack did not start it); with UNREACHABLE why."""
+
+    answer: str
+    state: str = ""
+    label: str = ""
+    reason: str = ""
 
 
-def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str], None]) -> list[str]:
-    """Carry out stop_commands, removing only containers launch started for that rank. Returns the failures."""
+def rank_container(runner: Runner, name: str) -> Container:
+    proc = runner.run_docker("inspect", "--type", "container", "--format", _LABELLED, name, timeout=30)
+    answer = docker_answer(proc)
+    if answer == NOT_THERE:
+        return Container(NOT_THERE)
+    if answer == UNREACHABLE:
+        return Container(UNREACHABLE, reason=unreachable_reason(runner, proc))
+    state, _, label = proc.stdout.strip().partition(" ")
+    return Container(FOUND, state, "" if label == "<no value>" else label)
+
+
+def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str], None],
+         ranks: tuple[int, ...] | None = None) -> list[str]:
+    """Carry out stop_commands, removing only containers launch started for that rank. Each rank's line says
+    "removed", "not there" (its docker answered so) or "could not reach" with the reason and the command to run by
+    hand. Returns the failures: a rank not reached, or a container sparkstack did not start, is never "stopped"."""
     failures = []
-    for rank_no, where, argv in stop_commands(plan, runners):
-        rank = plan.ranks[rank_no]
-        label = _rank_label(runners[rank_no], rank.name)
-        if label is None:
-            on_event(f"rank {rank_no}: {rank.name} was not running")
+    for rank_no, where, argv in stop_commands(plan, runners, ranks):
+        rank, runner = plan.ranks[rank_no], runners[rank_no]
+        found = rank_container(runner, rank.name)
+        if found.answer == NOT_THERE:
+            on_event(f"rank {rank_no} on {where}: {rank.name} not there")
             continue
-        if label != str(rank_no):
+        if found.answer == FOUND and found.label != str(rank_no):
             failures.append(f"rank {rank_no} on {where}: a container named {rank.name} exists but sparkstack did not "
-                            f"start it as rank {rank_no} ({RANK_LABEL}={label or 'absent'}); left as it is")
+                            f"start it as rank {rank_no} ({RANK_LABEL}={found.label or 'absent'}); left as it is")
+            on_event(f"rank {rank_no} on {where}: {rank.name} left as it is (not started by sparkstack)")
             continue
-        proc = runners[rank_no].run(argv, timeout=60)
-        if proc.returncode == 0 or "No such container" in (proc.stderr or ""):
-            on_event(f"rank {rank.rank}: {rank.name} removed" if proc.returncode == 0 else f"rank {rank.rank}: {rank.name} was not running")
-        else:
-            failures.append(f"rank {rank.rank} on {runners[rank.rank].label}: {failure_line(proc)}")
+        proc = runner.run(argv, timeout=60) if found.answer == FOUND else None
+        if proc is not None and docker_answer(proc) != UNREACHABLE:
+            on_event(f"rank {rank_no} on {where}: {rank.name} {'removed' if proc.returncode == 0 else 'not there'}")
+            continue
+        reason = found.reason if proc is None else unreachable_reason(runner, proc)
+        on_event(f"rank {rank_no} on {where}: could not reach: {reason}")
+        on_event(f"  stop it by hand: {runner.by_hand(argv)}")
+        failures.append(f"rank {rank_no} on {where}: could not reach its docker; {rank.name} may still run "
+                        f"(stop it by hand: {runner.by_hand(argv)})")
     return failures
 
 
@@ -462,17 +504,20 @@ def status(plan: LaunchPlan | Deployment, runners: dict[int, Runner]) -> tuple[l
     record = latest_record()
     for rank in plan.ranks:
         r = runners[rank.rank]
-        proc = r.run_docker("inspect", "--format", "{{.State.Status}} {{.State.StartedAt}} {{.Image}}", rank.name, timeout=30)
-        row = {"rank": rank.rank, "host": rank.host, "name": rank.name, "state": "absent", "image_id": None,
+        proc = r.run_docker("inspect", "--type", "container", "--format",
+                            "{{.State.Status}} {{.State.StartedAt}} {{.Image}}", rank.name, timeout=30)
+        row = {"rank": rank.rank, "host": rank.host, "name": rank.name, "state": ABSENT, "image_id": None,
                "started_at": None, "uptime_s": None, "health": None}
         fields = proc.stdout.split() if proc.returncode == 0 else []
-        if len(fields) == 3:
+        answer = docker_answer(proc)
+        if answer == FOUND and len(fields) == 3:
             state, started, image = fields
             row.update(state=state, image_id=image)
             if state == "running":  # started_at exactly as docker says it (soak compares two of them)
                 row.update(started_at=_started_epoch(started), uptime_s=round(time.time() - _started_epoch(started)))
-        elif proc.returncode not in (0, 1) or fields:
-            row["state"] = f"unknown ({failure_line(proc)})"
+        elif answer != NOT_THERE:  # not reached, or an answer that does not read: nothing is known of the rank
+            why = unreachable_reason(r, proc) if answer == UNREACHABLE else f"docker said {proc.stdout.strip()!r}"
+            row["state"] = f"{UNREACHABLE}: {why}"
         if rank.rank == 0 and row["state"] == "running":
             try:
                 row["health"] = head_health_code(plan)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkstack.errors import UsageError
 from sparkstack.command import Command, View, argument, option
 from sparkstack.tune.command import host_root_option, ssh_config_option
 
@@ -33,7 +34,8 @@ def worker_delay_option(help: str = "Seconds between the workers and the head.")
 
 @dataclass(frozen=True, kw_only=True)
 class Request:
-    target: str = argument()
+    target: str = argument(metavar="TARGET")
+    action: str | None = argument(None, metavar="[stop]")  # `launch 1 stop`: stop that rank only, as the seed's launcher
     recipe: str | None = option(None, "--recipe", help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. "
                                                        "Default: glm53-flash-dflash2-nvfp4.")
     image: str | None = option(None, "--image",
@@ -72,7 +74,23 @@ class Plan:
     selected: tuple = ()  # a dry run of a launch: the ranks TARGET names ...
     checks: tuple = ()  # ... and preflight from local facts (and the ranks' docker, with --probe)
     stops: tuple = ()  # a dry run of stop: (rank, where, argv)
+    stopping: tuple[int, ...] = ()  # the ranks a stop acts on
     environ: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # secrets pass by name
+
+
+def verb_of(r: Request) -> str:
+    """What TARGET [ACTION] asks: "launch" (rank N or all), "stop" (`stop`, `N stop`, `all stop`) or "status"."""
+    if r.action is None:
+        return r.target if r.target in ("stop", "status") else "launch"
+    if r.action != "stop" or r.target in ("stop", "status"):
+        raise UsageError(f"TARGET [stop]: after a rank or `all` only `stop` may follow; got {r.target!r} {r.action!r}")
+    return "stop"
+
+
+def stop_ranks(lp, r: Request) -> tuple[int, ...]:
+    from sparkstack.deploy import select_ranks
+
+    return tuple(rank.rank for rank in (lp.ranks if r.action is None else select_ranks(lp, r.target)))
 
 
 def plan(request: Request, environ: Mapping[str, str], deployment=None) -> Plan:
@@ -85,13 +103,16 @@ def plan(request: Request, environ: Mapping[str, str], deployment=None) -> Plan:
         from sparkstack.deploy import load_deployment
 
         deployment = load_deployment(r.recipe, environ, r.image)
+    verb = verb_of(r)
     lp = plan_launch(deployment, environ, r.profile)
     runners = launch_apply.runners_for(lp, r.ssh_config)
     env = dict(environ)
-    if not r.dry_run or r.target == "status":
-        return Plan(r, lp, runners, environ=env)
-    if r.target == "stop":
-        return Plan(r, lp, runners, stops=tuple(launch_apply.stop_commands(lp, runners)), environ=env)
+    stopping = stop_ranks(lp, r) if verb == "stop" else ()
+    if not r.dry_run or verb == "status":
+        return Plan(r, lp, runners, environ=env, stopping=stopping)
+    if verb == "stop":
+        return Plan(r, lp, runners, stops=tuple(launch_apply.stop_commands(lp, runners, stopping)), environ=env,
+                    stopping=stopping)
     selected, checks = launch_apply.preflight(lp, r.target, r.host_root, runners, r.probe, r.force, r.gates, env,
                                               True)
     return Plan(r, lp, runners, tuple(selected), tuple(checks), environ=env)
@@ -120,7 +141,7 @@ def stop(p: Plan, view: View) -> Stopped:
         events.append(line)
         view.say(line)
 
-    return Stopped(tuple(events), tuple(launch_apply.stop(p.launch, p.runners, event)))
+    return Stopped(tuple(events), tuple(launch_apply.stop(p.launch, p.runners, event, p.stopping)))
 
 
 def status(p: Plan) -> Status:
@@ -147,9 +168,9 @@ def apply(p: Plan, view: View):
     from sparkstack.launch import apply as launch_apply
 
     r = p.request
-    if r.target == "stop":
+    if verb_of(r) == "stop":
         return stop(p, view)
-    if r.target == "status":
+    if verb_of(r) == "status":
         return status(p)
     selected, checks = launch_apply.preflight(p.launch, r.target, r.host_root, p.runners, r.probe, r.force, r.gates,
                                               dict(p.environ), False)
@@ -171,7 +192,7 @@ def apply(p: Plan, view: View):
 def _plan_json(p: Plan) -> dict:
     from sparkstack.launch import report
 
-    if p.request.target == "stop":
+    if verb_of(p.request) == "stop":
         return {"would_run": [{"rank": rank, "on": on, "argv": argv} for rank, on, argv in p.stops]}
     return report.dry_run_document(p.launch, p.request.target, list(p.selected), list(p.checks),
                                    p.request.drop_caches)
@@ -180,7 +201,7 @@ def _plan_json(p: Plan) -> dict:
 def _plan_lines(p: Plan) -> list[str]:
     from sparkstack.launch import report
 
-    if p.request.target == "stop":
+    if verb_of(p.request) == "stop":
         return report.stop_lines(list(p.stops))
     return report.dry_run_lines(p.launch, list(p.selected), list(p.checks), p.request.drop_caches)
 
@@ -206,12 +227,17 @@ def _result_lines(p: Plan, result) -> list[str]:
 
 
 def _failure(p: Plan, result) -> str | None:
+    if isinstance(result, Status):  # a rank not reached is not "absent": its state is unknown, said in its row
+        from sparkstack.remote import UNREACHABLE
+
+        lost = [str(row["rank"]) for row in result.rows if str(row["state"]).startswith(UNREACHABLE)]
+        return f"status of rank(s) {', '.join(lost)} unknown: could not reach their docker (see above)" if lost else None
     return "; ".join(result.failures) if isinstance(result, Stopped) and result.failures else None
 
 
 COMMAND = Command(("launch",), Request, plan, apply, plan_lines=_plan_lines, plan_json=_plan_json,
                   result_lines=_result_lines, result_json=_result_json, failure=_failure,
-                  dry=lambda r: r.dry_run and r.target != "status")  # status only reads: --dry-run changes nothing
+                  dry=lambda r: r.dry_run and verb_of(r) != "status")  # status only reads: --dry-run changes nothing
 
 
 # ---------------------------------------------------------------- what serves now (for `up`)
@@ -238,7 +264,9 @@ class Serving:
 
     @property
     def present(self) -> tuple[int, ...]:
-        return tuple(int(r["rank"]) for r in self.rows if r["state"] != "absent")
+        from sparkstack.launch.apply import ABSENT
+
+        return tuple(int(r["rank"]) for r in self.rows if r["state"] != ABSENT)
 
 
 def serving(p: Plan) -> Serving:

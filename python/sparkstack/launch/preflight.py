@@ -23,7 +23,7 @@ from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, ref_file
 from sparkstack.launch import argv_gate
 from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.remote import Runner, failure_line
+from sparkstack.remote import UNREACHABLE, Runner, docker_answer, failure_line, unreachable_reason
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.mtp import mtp_keys, mtp_levels_left, num_hidden_layers
 from sparkstack.tune.facts import GIB, HostFacts, read_facts
@@ -444,14 +444,19 @@ def kv_check(plan: LaunchPlan) -> PreflightCheck:
     return PreflightCheck("kv-plan", "pass", f"{kv.tokens:,} tokens = {kv.coverage:.2f}x max-model-len")
 
 
+HEAD_IMAGE_REMEDY = ("build and load it on this machine: `nix build .#image && sparkstack image load result`, or "
+                     "`sparkstack image build --out image ...` then `sparkstack launch ... --image image`")
+
+
 def _image_check(plan: LaunchPlan, rank: RankPlan, runner: Runner, image_id: str | None, detail: str) -> PreflightCheck:
     """Is the image this plan runs on this rank? With --image LAYOUT its config digest must match exactly."""
     want = plan.image_config_digest
     if image_id is None:
         if want and rank.rank == 0 and plan.image_layout is not None:
             return PreflightCheck("image", "pass", f"{plan.image} not here yet: launch loads it from {plan.image_layout}", 0)
-        ship = f"; run `sparkstack ship {rank.host}`" if rank.rank else ""
-        return PreflightCheck("image", "fail", f"{plan.image} is not present on {runner.label}{ship}: {detail}", rank.rank)
+        remedy = f"run `sparkstack ship {rank.host}` on the head" if rank.rank else HEAD_IMAGE_REMEDY
+        return PreflightCheck("image", "fail", f"{plan.image} is not present on {runner.label} ({detail}); {remedy}",
+                              rank.rank)
     if want and image_id != want:
         ship = f"; run `sparkstack ship {rank.host}`" if rank.rank else ""
         return PreflightCheck("image", "fail", f"{plan.image} on {runner.label} is {image_id[:19]}, not the built "
@@ -469,6 +474,10 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
     for rank in plan.ranks:
         r = runners[rank.rank]
         proc = r.run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
+        if docker_answer(proc) == UNREACHABLE:  # nothing is known of this rank: not "image absent"
+            checks.append(PreflightCheck("docker", "fail", f"{r.label} unreachable: {unreachable_reason(r, proc)}",
+                                         rank.rank))
+            continue
         image_id = proc.stdout.strip() if proc.returncode == 0 else None
         if image_id:
             digests[rank.rank] = image_id
@@ -477,12 +486,7 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
             peers[rank.rank] = r.run_docker("inspect", "--type", "container", "--format", "{{.State.Status}} {{.Image}}",
                                             rank.name, timeout=30)
             continue
-        proc = r.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", "{{.Names}} {{.State}}", timeout=30)
-        if proc.returncode == 0 and proc.stdout.strip():
-            checks.append(PreflightCheck("stale-container", "fail", f"a container already holds the name {rank.name} "
-                                                         f"({proc.stdout.strip()}); run `sparkstack launch stop`", rank.rank))
-        elif proc.returncode == 0:
-            checks.append(PreflightCheck("stale-container", "pass", f"no container named {rank.name}", rank.rank))
+        checks.append(stale_container_check(rank, r))
     identity = dict(digests)
     if plan.image_config_digest and 0 not in identity and plan.image_layout is not None:
         identity[0] = plan.image_config_digest  # the head will hold exactly this once launch loads it
@@ -499,6 +503,33 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
         checks += argv_gate_checks(plan, runners[at])
         checks += gate_checks(plan, runners[at])
     return checks
+
+
+STALE_FORMAT = '{{.State}} {{.Label "org.sparkstack.rank"}}'  # `docker ps`: empty when no container has the name
+
+
+def stale_container_check(rank: RankPlan, runner: Runner) -> PreflightCheck:
+    """A container already named as this rank. One sparkstack started for this rank (its rank label) and not
+    running is left from an earlier run: launch removes it before the rank starts, as the seed's `docker rm -f`
+    did (a warn, said). A running one is refused: it may serve, and `launch N stop` is the deliberate way. One
+    without the label is not ours: refused, named, never removed."""
+    proc = runner.run_docker("ps", "-a", "--filter", f"name=^{rank.name}$", "--format", STALE_FORMAT, timeout=30)
+    if proc.returncode == 0 and not proc.stdout.strip():
+        return PreflightCheck("stale-container", "pass", f"no container named {rank.name}", rank.rank)
+    if proc.returncode != 0:
+        return PreflightCheck("stale-container", "fail", f"cannot ask {runner.label} for {rank.name}: "
+                                                         f"{unreachable_reason(runner, proc)}", rank.rank)
+    state, _, label = proc.stdout.strip().splitlines()[0].partition(" ")
+    if label != str(rank.rank):
+        return PreflightCheck("stale-container", "fail", f"a container named {rank.name} ({state}) on {runner.label} was "
+                                                         f"not started by sparkstack as rank {rank.rank} (label "
+                                                         f"org.sparkstack.rank={label if label not in ('', '<no value>') else 'absent'}); "
+                                                         f"remove or rename it yourself", rank.rank)
+    if state == "running":
+        return PreflightCheck("stale-container", "fail", f"{rank.name} is running already on {runner.label}; stop it "
+                                                         f"first: `sparkstack launch {rank.rank} stop`", rank.rank)
+    return PreflightCheck("stale-container", "warn", f"{rank.name} ({state}) is left from an earlier launch: removed "
+                                                     f"before rank {rank.rank} starts", rank.rank)
 
 
 def gate_rank(launching: tuple[int, ...] | None) -> int:

@@ -13,6 +13,7 @@ key (`HostKeyAlias`), and may ask for bulk-transfer options: AES-GCM ciphers fir
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass, replace
@@ -84,6 +85,15 @@ class Runner:
         except CommandNotFound:
             raise SparkstackError(f"{full[0]}: not installed here") from None
         return cmd.popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def by_hand(self, argv: list[str]) -> str:
+        """The line a person types to run `argv` there: `ssh HOST docker rm -f NAME` for a remote runner."""
+        remote = shlex.join(argv)
+        if self.ssh is None:
+            return remote
+        ssh = ["ssh", *(["-F", str(Path(self.ssh_config).absolute())] if self.ssh_config is not None else []), self.ssh]
+        # ssh hands its words to the remote shell joined by spaces: one quoted word only where one is needed
+        return f"{shlex.join(ssh)} {remote}" if remote == " ".join(argv) else shlex.join([*ssh, remote])
 
     def docker(self, *args: str) -> list[str]:
         return ["docker", *(["-H", self.docker_host] if self.docker_host else []), *args]
@@ -166,6 +176,33 @@ def sudo_refused(proc: subprocess.CompletedProcess) -> bool:
     line = failure_line(proc)
     return proc.returncode != 0 and (line.startswith("sudo:") or proc.returncode == 127 and "sudo" in line
                                      or line.startswith("Sorry, user ") and " is not allowed to execute " in line)
+
+
+FOUND, NOT_THERE, UNREACHABLE = "found", "not there", "could not reach"
+_NO_SUCH = re.compile(r"no such (object|container|image)\b", re.IGNORECASE)
+
+
+def docker_answer(proc: subprocess.CompletedProcess) -> str:
+    """What a `docker inspect` over a runner told: FOUND; NOT_THERE (docker itself answered that it has no such
+    object); or UNREACHABLE (ssh, the daemon or the clock failed first: nothing is known about the object)."""
+    if proc.returncode == 0:
+        return FOUND
+    if proc.returncode == 1 and _NO_SUCH.search((proc.stderr or "") + (proc.stdout or "")):
+        return NOT_THERE
+    return UNREACHABLE
+
+
+def unreachable_reason(runner: Runner, proc: subprocess.CompletedProcess) -> str:
+    """Why docker on `runner` did not answer, and what to check: one clause."""
+    line = failure_line(proc)
+    if runner.ssh is not None and proc.returncode == 255:
+        return f"ssh to {runner.ssh} failed ({line}); check that `ssh {runner.ssh} true` works (WORKER_SSH, its ssh_config)"
+    if proc.returncode == 124:
+        return f"{line}; check that {runner.label} and its docker answer"
+    if proc.returncode == 127:
+        return f"{line}; install docker there"
+    where = f"docker host {runner.docker_host}" if runner.docker_host else f"dockerd on {runner.label}"
+    return f"{line}; check that {where} runs (`systemctl status docker`) and that this user may use it"
 
 
 def failure_line(proc: subprocess.CompletedProcess) -> str:
