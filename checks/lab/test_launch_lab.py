@@ -105,6 +105,28 @@ def test_stale_container_and_missing_image_fail_preflight(launch_world):
     assert containers(lab.head) == []
 
 
+def test_a_container_an_earlier_launch_left_is_removed_before_its_rank_starts(launch_world):
+    """issue 38: an exited container of rank 1's name with sparkstack's rank label (as a crashed run leaves it) is
+    removed, said, and the rank starts; on the real dockerd."""
+    lab, image, work, root, home = launch_world
+    recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "0"})
+    lab.worker.docker("run", "--name", "glm53-tony-rank1", "--label", "org.sparkstack.rank=1", "--entrypoint", "true",
+                      image["name"])
+    try:
+        proc = sparkstack(lab, launch_world, recipe, "all", "--worker-delay", "0", "--health-interval", "0.3",
+                          "--health-attempts", "60")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        text = proc.stdout + proc.stderr
+        assert "glm53-tony-rank1 (exited) is left from an earlier launch" in text
+        assert "rank 1: removed glm53-tony-rank1 (exited), left from an earlier launch" in text
+        state = lab.worker.docker("inspect", "--format", "{{.State.Status}}", "glm53-tony-rank1").stdout.strip()
+        assert state == "running"
+    finally:
+        proc = sparkstack(lab, launch_world, recipe, "stop")
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 1 on" in proc.stdout and "glm53-tony-rank1 removed" in proc.stdout
+
+
 def test_dying_worker_fails_launch_and_shows_its_log(launch_world):
     lab, image, work, root, home = launch_world
     recipe = lab_recipe(lab, work, {"STANDIN_HEALTH_DELAY": "never", "STANDIN_HEADLESS_DIE_AFTER": "2"})
