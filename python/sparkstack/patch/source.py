@@ -175,7 +175,7 @@ def _unpack_zip(bundle: Path, f, tree: Path, budget: _Budget) -> None:
             if info.is_dir():
                 if parts:
                     tree.joinpath(*parts).mkdir(parents=True, exist_ok=True)
-            elif (mode == 0 or stat.S_ISREG(mode)) and parts:
+            elif stat.S_IFMT(mode) in (0, stat.S_IFREG) and parts:  # many zip writers set no file type
                 with zf.open(info) as reader:
                     _write_member(bundle, tree, parts, reader, budget)
             else:
