@@ -23,6 +23,7 @@ from sparkstack.oci.rootfs import RootFS, open_rootfs
 from sparkstack.oci.write import LayerItem, build_layer, image_docs, write_output
 from sparkstack.image.plan import BuildPlan
 from sparkstack.patch.engine import GateResult, StepOutcome, apply_overlay, needed_paths
+from sparkstack.patch.source import opened_source
 from sparkstack.patch.overlay import SourceFile, Variant, read_checked
 
 LABEL = "org.sparkstack"
@@ -95,7 +96,8 @@ def build_image(plan: BuildPlan, cache: LayerCache | None = None,
         base_files = rootfs.read_files(paths)
         # Scratch in $TMPDIR, named by our pid: what a killed run leaves is removed by the next one.
         with fsio.staging_dir(Path(tempfile.gettempdir()), "build") as work:
-            patched = apply_overlay(base_files, o, plan.steps, plan.source_dir, work / "patch", plan.allow_unpinned)
+            with opened_source(o, plan.overlay_src) as source_dir:  # a bundle is hashed and unpacked again
+                patched = apply_overlay(base_files, o, plan.steps, source_dir, work / "patch", plan.allow_unpinned)
             # Write each file where the container would find it: through the base's symlinks.
             items = [LayerItem(rootfs.resolve(p), "file", data=d) for p, d in patched.files.items()]
             if plan.variant != "plain":

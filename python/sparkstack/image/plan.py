@@ -19,8 +19,9 @@ from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import CONTAINERD_NAME
 from sparkstack.oci.source import open_image
 from sparkstack.oci.write import LINK_BASE, source_date_epoch
-from sparkstack.patch.engine import needed_paths, overlay_source_dir
+from sparkstack.patch.engine import needed_paths
 from sparkstack.patch.overlay import Overlay, Step, load_overlay
+from sparkstack.patch.source import check_pinned, opened_source, require_source, source_files
 
 COMMAND = "sparkstack image build"
 # Bump when the same inputs would give a different image, so old outputs stop counting as up to date.
@@ -44,7 +45,7 @@ class BuildPlan:
     base_manifest_digest: str
     base_config_digest: str
     overlay: Overlay
-    overlay_src: Path
+    overlay_src: Path  # as given: a dir or a bundle; patch.source.opened_source finds the files in it
     steps: tuple[Step, ...]
     variant: str
     wheel_dir: Path | None
@@ -60,10 +61,6 @@ class BuildPlan:
         return self.existing is not None
 
     @property
-    def source_dir(self) -> Path:
-        return overlay_source_dir(self.overlay, self.overlay_src)
-
-    @property
     def marker(self) -> outputs.OutputMarker:
         return outputs.OutputMarker(COMMAND, self.fingerprint)
 
@@ -72,7 +69,7 @@ class BuildPlan:
         return {
             "base": str(self.base), "platform": self.platform, "base_manifest": self.base_manifest_digest,
             "base_config": self.base_config_digest, "out": str(self.out), "variant": self.variant,
-            "overlay": {"name": o.name, "source": o.source_label, "dir": str(self.source_dir),
+            "overlay": {"name": o.name, "source": o.source_label, "given": str(self.overlay_src),
                         "unpinned": list(o.unpinned)},
             "installs": [{"src": i.file.path, "dest": f"/{o.vllm_root}/{i.dest}"} for i in o.installs],
             "steps": [{"name": s.name, "script": s.script.path, "args": list(s.args)} for s in self.steps],
@@ -88,10 +85,7 @@ def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Pat
     if link_base not in LINK_BASE:
         raise SparkstackError(f"--link-base {link_base!r}: expected one of {', '.join(LINK_BASE)}")
     overlay = load_overlay(overlay_dir)
-    if overlay_src is None:
-        raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
-    if not overlay_src.is_dir():
-        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
+    require_source(overlay, overlay_src)
     if variant != "plain" and variant not in overlay.variants:
         raise SparkstackError(f"{overlay.path}: no variant {variant!r} (have: plain, {', '.join(overlay.variants)})")
     if variant != "plain" and wheel_dir is None:
@@ -107,7 +101,9 @@ def plan_build(base: Path, overlay_dir: Path, overlay_src: Path | None, out: Pat
     src.close()
     steps = overlay.enabled_steps(extra_steps)
     epoch = source_date_epoch()
-    inputs = _input_hashes(overlay, overlay_source_dir(overlay, overlay_src), steps, variant, wheel_dir)
+    with opened_source(overlay, overlay_src) as source_dir:
+        check_pinned(overlay, source_dir, source_files(overlay, steps), overlay_src)
+        inputs = _input_hashes(overlay, source_dir, steps, variant, wheel_dir)
     fingerprint = _fingerprint(image.manifest_digest, platform, overlay, steps, variant, inputs, epoch, link_base)
     existing = None
     if previous is not None and previous.fingerprint == fingerprint and previous.files_unchanged(out):

@@ -17,8 +17,9 @@ from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.layers import LayerCache
 from sparkstack.oci.rootfs import open_rootfs
-from sparkstack.patch.engine import last_line, lay_out, needed_paths, overlay_source_dir, run_step, snapshot, step_argv
+from sparkstack.patch.engine import last_line, lay_out, needed_paths, run_step, snapshot, step_argv
 from sparkstack.patch.overlay import Overlay, Step, load_overlay, read_checked
+from sparkstack.patch.source import check_pinned, opened_source, require_source, source_files
 
 Edit = tuple[str, str, str]  # marker, anchor, replacement
 
@@ -279,17 +280,16 @@ def drift_report(base: Path, overlay_dir: Path, overlay_src: Path | None, platfo
                  cache: LayerCache | None = None, on_progress=None) -> Drift:
     """`patch check`: read the files the steps touch and the install targets from the base, then judge them."""
     overlay = load_overlay(overlay_dir)
-    if overlay_src is None:
-        raise SparkstackError(f"no overlay source: pass --overlay-src DIR, a checkout of {overlay.repo} at {overlay.rev}")
-    if not overlay_src.is_dir():
-        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
+    require_source(overlay, overlay_src)
     steps = overlay.enabled_steps(extra_steps)
+    with opened_source(overlay, overlay_src) as source_dir:  # refuses a wrong bundle before a base byte is read
+        check_pinned(overlay, source_dir, source_files(overlay, steps), overlay_src)
     paths = sorted(set(needed_paths(overlay, steps)) | {f"{overlay.vllm_root}/{i.dest}" for i in overlay.installs})
     src, _, rootfs = open_rootfs(base, platform, paths, cache, on_progress)
     try:
         base_files = rootfs.read_files(paths)
     finally:
         src.close()
-    source_dir = overlay_source_dir(overlay, overlay_src)
-    return Drift(check_drift(base_files, overlay, steps, source_dir, allow_unpinned),
-                 install_reports(base_files, overlay, source_dir, allow_unpinned))
+    with opened_source(overlay, overlay_src) as source_dir:
+        return Drift(check_drift(base_files, overlay, steps, source_dir, allow_unpinned),
+                     install_reports(base_files, overlay, source_dir, allow_unpinned))

@@ -41,12 +41,6 @@ class PatchResult:
     gates: tuple[GateResult, ...]
 
 
-def overlay_source_dir(overlay: Overlay, overlay_src: Path) -> Path:
-    """Where the overlay's files are: its subdir of a checkout of the upstream repo, or the dir itself."""
-    sub = overlay_src / overlay.subdir
-    return sub if sub.is_dir() else overlay_src
-
-
 def needed_paths(overlay: Overlay, steps: tuple[Step, ...]) -> list[str]:
     """Image-relative paths the steps read from the base."""
     return sorted({f"{overlay.vllm_root}/{t}" for s in steps for t in s.touches})

@@ -60,6 +60,7 @@ class Overlay:
     repo: str
     rev: str
     subdir: str
+    bundle_sha256: str | None  # the blog's bundle of the same files, when one is pinned
     vllm_root: str  # relative to the image root
     installs: tuple[Install, ...]
     steps: tuple[Step, ...]
@@ -205,12 +206,15 @@ def load_overlay(directory: Path) -> Overlay:
                               "(it starts with '-' or contains whitespace)")
     vllm_root = _relpath(f"{w} [image] vllm_root", image.get("vllm_root", DEFAULT_VLLM_ROOT), image_root=True)
     source = _table(f"{w} [source]", doc["source"])
-    _keys(f"{w} [source]", source, {"repo", "rev", "subdir"})
+    _keys(f"{w} [source]", source, {"repo", "rev", "subdir"}, {"bundle_sha256"})
     repo = _text(f"{w} [source] repo", source["repo"])
     rev = source["rev"]
     if not (isinstance(rev, str) and len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)):
         raise SparkstackError(f"{w} [source]: rev must be a full 40-hex commit, got {rev!r}")
     subdir = _relpath(f"{w} [source] subdir", source["subdir"])
+    bundle_sha256 = source.get("bundle_sha256")
+    if bundle_sha256 is not None and _sha(f"{w} [source] bundle_sha256", bundle_sha256) == UNPINNED:
+        bundle_sha256 = None
 
     installs = []
     for i, t in enumerate(_tables(f"{w} [[install]]", doc.get("install", []))):
@@ -261,7 +265,7 @@ def load_overlay(directory: Path) -> Overlay:
         if any(not g for g in vgates):
             raise SparkstackError(f"{where} gates: a gate is an empty command")
         variants[vname] = Variant(vname, tuple(wheels), load_format, tuple(vgates))
-    return Overlay(path, name, image_name, repo, rev, subdir, vllm_root, tuple(installs), tuple(steps),
+    return Overlay(path, name, image_name, repo, rev, subdir, bundle_sha256, vllm_root, tuple(installs), tuple(steps),
                    tuple(runtime), variants)
 
 

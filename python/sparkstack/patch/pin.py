@@ -16,8 +16,8 @@ import tomlkit
 
 from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
-from sparkstack.patch.engine import overlay_source_dir
 from sparkstack.patch.overlay import load_overlay
+from sparkstack.patch.source import opened_source
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,12 @@ class PinPlan:
 
     def lines(self, dry_run: bool) -> list[str]:
         """The human form of `pin overlay`: each change, then what was written."""
+        # Each file's hash first, in sha256sum's own format, so two sources compare with diff or sha256sum -c.
+        hashes = [f"{sha}  {file}" for file, sha in self.hashes]
         if self.up_to_date:
-            return [f"up to date: {self.overlay_toml}"]
+            return [*hashes, f"up to date: {self.overlay_toml}"]
         lines = [f"{'would pin' if dry_run else 'pinned'} {ch.file}: {ch.old} -> {ch.new}" for ch in self.changes]
-        return lines if dry_run else [*lines, f"wrote {self.overlay_toml}"]
+        return [*hashes, *lines] if dry_run else [*hashes, *lines, f"wrote {self.overlay_toml}"]
 
 
 def _refuse_installed_copy(path: Path) -> None:
@@ -75,18 +77,20 @@ def _entries(doc) -> list[tuple[str, int, str, object]]:
 def plan_pin(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None) -> PinPlan:
     overlay = load_overlay(overlay_dir)  # validates every key and path first
     _refuse_installed_copy(overlay.path)
-    if not overlay_src.is_dir():
-        raise SparkstackError(f"{overlay_src}: overlay source dir does not exist")
-    src = overlay_source_dir(overlay, overlay_src)
-    files = {i.file.path: src / i.file.path for i in overlay.installs}
-    files.update({s.script.path: src / s.script.path for s in overlay.steps})
-    if wheel_dir is not None:
-        files.update({w.file: wheel_dir / w.file for v in overlay.variants.values() for w in v.wheels})
-    hashes = {}
-    for rel, path in files.items():
-        if not path.is_file():
-            raise SparkstackError(f"{path}: missing; cannot pin {rel}")
-        hashes[rel] = fsio.sha256_file(path)
+    with opened_source(overlay, overlay_src) as src:
+        files = {i.file.path: src / i.file.path for i in overlay.installs}
+        files.update({s.script.path: src / s.script.path for s in overlay.steps})
+        # A disabled step's script is pinned when the source has it; the blog does not print it.
+        optional = {s.script.path for s in overlay.steps if not s.enabled}
+        if wheel_dir is not None:
+            files.update({w.file: wheel_dir / w.file for v in overlay.variants.values() for w in v.wheels})
+        hashes = {}
+        for rel, path in files.items():
+            if not path.is_file():
+                if rel in optional and not path.exists():
+                    continue
+                raise SparkstackError(f"{overlay_src}: {rel} is missing ({path}); cannot pin it")
+            hashes[rel] = fsio.sha256_file(path)
     doc = tomlkit.parse(overlay.path.read_text(encoding="utf-8"))
     changes = tuple(PinChange(table, i, file, str(item["sha256"]), hashes[file])
                     for table, i, file, item in _entries(doc)
