@@ -65,3 +65,19 @@ def test_a_bad_target_and_action_is_one_usage_line(faults, run_cli, words):
     config, env = faults
     proc = run_cli("launch", *words, env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_stop_before_a_relaunch_reaches_every_rank(faults, monkeypatch):
+    """up and sweep stop the pair through a launch's own plan (not a `stop` verb's) before they start it again:
+    that stop acts on every rank. It once acted on none, and the relaunch met its own running container."""
+    from sparkstack.launch import command as launch_cmd
+    from sparkstack.terminal import View
+
+    config, env = faults
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    import os
+
+    p = launch_cmd.plan(launch_cmd.Request(target="all", ssh_config=config), dict(os.environ))
+    stopped = launch_cmd.stop(p, View())
+    assert sorted(line.split(":", 1)[0] for line in stopped.failures) == ["rank 0 on local", "rank 1 on user@worker-node"]

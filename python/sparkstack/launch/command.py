@@ -74,7 +74,7 @@ class Plan:
     selected: tuple = ()  # a dry run of a launch: the ranks TARGET names ...
     checks: tuple = ()  # ... and preflight from local facts (and the ranks' docker, with --probe)
     stops: tuple = ()  # a dry run of stop: (rank, where, argv)
-    stopping: tuple[int, ...] = ()  # the ranks a stop acts on
+    stopping: tuple[int, ...] | None = None  # the ranks a stop acts on; None: every rank (up and sweep, relaunching)
     environ: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # secrets pass by name
 
 
@@ -107,7 +107,7 @@ def plan(request: Request, environ: Mapping[str, str], deployment=None) -> Plan:
     lp = plan_launch(deployment, environ, r.profile)
     runners = launch_apply.runners_for(lp, r.ssh_config)
     env = dict(environ)
-    stopping = stop_ranks(lp, r) if verb == "stop" else ()
+    stopping = stop_ranks(lp, r) if verb == "stop" else None
     if not r.dry_run or verb == "status":
         return Plan(r, lp, runners, environ=env, stopping=stopping)
     if verb == "stop":
