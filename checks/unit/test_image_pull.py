@@ -84,6 +84,8 @@ class Proxy:
         self.cut: dict[str, int] = {}
         self.flip: set[str] = set()
         self.refuse_range = False  # answer 416 to every Range (a registry that will not serve ranges)
+        self.misrange = False  # answer every Range with a 206 of the whole blob, its Content-Range saying so
+        self.extra: dict[str, bytes] = {}  # digest -> bytes added after the blob's own (a body past its size)
         self.stall: dict[str, int] = {}  # digest -> n: send n body bytes, then hold until `release` is set
         self.stalled, self.release = threading.Event(), threading.Event()
         self.log: list[dict] = []
@@ -119,10 +121,19 @@ class Proxy:
                     cut = proxy.cut.pop(digest, None) if "/blobs/" in self.path else None
                 if digest in proxy.flip and body:
                     body = bytes([body[0] ^ 0xFF]) + body[1:]
+                headers = [(k, v) for k, v in resp.getheaders()
+                           if k.lower() not in ("connection", "transfer-encoding", "date", "content-length")]
+                if proxy.misrange and entry["range"] and resp.status == 206:
+                    conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                    conn.request("GET", self.path, headers={k: v for k, v in keep.items() if k.lower() != "range"})
+                    body = conn.getresponse().read()
+                    conn.close()
+                    headers = [(k, v) for k, v in headers if k.lower() != "content-range"]
+                    headers.append(("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}"))
+                body += proxy.extra.get(digest, b"") if "/blobs/" in self.path else b""
                 self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "transfer-encoding", "date", "content-length"):
-                        self.send_header(k, v)
+                for k, v in headers:
+                    self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 if cut is not None:
                     self.send_header("Connection", "close")
@@ -418,3 +429,78 @@ def test_a_registry_that_refuses_the_range_sends_the_whole_blob_again(pushed, pr
     assert doc["result"]["resumed"] == [] and doc["result"]["fetched"] == [big]
     blob = out / "blobs/sha256" / big.split(":")[1]
     assert "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest() == big
+
+
+def test_a_partial_of_wrong_bytes_is_dropped_and_the_blob_fetched_once_from_byte_0(pushed, proxy, run_cli, tmp_path):
+    """A partial a power cut left unsynced (zeros), or one another tool wrote: the resumed blob fails its hash, and
+    the pull, not the honest registry, is at fault. It drops the partial and fetches the blob whole, once."""
+    facts, sizes = pushed["facts"], pushed["sizes"]
+    big = facts["layers"][-1]
+    out = tmp_path / "base"
+    partial = out / "blobs/sha256" / (big.split(":")[1] + ".partial")
+    proxy.cut[big] = CUT_AT
+    assert pull(run_cli, pushed, proxy, out).returncode == 1
+    held = partial.stat().st_size
+    partial.write_bytes(bytes(held))  # its length kept, its bytes lost
+    proxy.clear()
+    doc = json.loads(pull(run_cli, pushed, proxy, out, "--json", check=0).stdout)
+    assert [(e["range"], e["sent"]) for e in proxy.blob_requests(big)] == [(f"bytes={held}-", sizes[big] - held),
+                                                                          (None, sizes[big])]
+    assert doc["result"]["resumed"] == [] and big in doc["result"]["fetched"]
+    blob = out / "blobs/sha256" / big.split(":")[1]
+    assert "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest() == big and (out / "index.json").exists()
+
+
+def test_a_206_for_another_range_than_asked_is_met_by_asking_for_the_whole_blob(pushed, proxy, run_cli, tmp_path):
+    facts, sizes = pushed["facts"], pushed["sizes"]
+    big = facts["layers"][-1]
+    out = tmp_path / "base"
+    proxy.cut[big] = CUT_AT
+    assert pull(run_cli, pushed, proxy, out).returncode == 1
+    held = (out / "blobs/sha256" / (big.split(":")[1] + ".partial")).stat().st_size
+    proxy.clear()
+    proxy.misrange = True
+    doc = json.loads(pull(run_cli, pushed, proxy, out, "--json", check=0).stdout)
+    assert [e["range"] for e in proxy.blob_requests(big)] == [f"bytes={held}-", None]
+    assert doc["result"]["resumed"] == []
+    blob = out / "blobs/sha256" / big.split(":")[1]
+    assert "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest() == big
+
+
+def test_a_body_past_the_pinned_size_keeps_no_partial_even_after_a_resume(pushed, proxy, run_cli, tmp_path):
+    """A registry that sends more than the pinned size: nothing of it is kept to resume onto, and a resumed blob
+    that runs past its size is fetched once from byte 0 before the registry is blamed."""
+    facts, sizes = pushed["facts"], pushed["sizes"]
+    big = facts["layers"][-1]
+    out = tmp_path / "base"
+    partial = out / "blobs/sha256" / (big.split(":")[1] + ".partial")
+    proxy.cut[big] = CUT_AT
+    assert pull(run_cli, pushed, proxy, out).returncode == 1
+    held = partial.stat().st_size
+    assert held > 0
+    proxy.clear()
+    proxy.extra[big] = b"not the blob"
+    proc = pull(run_cli, pushed, proxy, out)
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert big in line and "pinned size" in line and "from byte 0" in line and "pull again" not in line, line
+    assert [e["range"] for e in proxy.blob_requests(big)] == [f"bytes={held}-", None]
+    assert not partial.exists() and not looks_complete(out)
+    proxy.clear()
+    proc = pull(run_cli, pushed, proxy, out)  # from nothing now: one request, refused, nothing kept
+    assert proc.returncode == 1 and "pinned size" in one_error_line(proc)
+    assert [e["range"] for e in proxy.blob_requests(big)] == [None] and not partial.exists()
+
+
+def test_a_registry_on_this_machine_is_pinned_and_pulled_by_its_own_name_over_plain_http(pushed, run_cli, tmp_path):
+    """A loopback registry (docker's own default insecure range) speaks http: `pin base 127.0.0.1:PORT/...` with no
+    mirror set, then a pull of what it pinned."""
+    registry, facts = pushed["registry"], pushed["facts"]
+    pins = tmp_path / "pins.json"
+    ref = f"{registry.host}/sparkstack-test/base:pull"
+    run_cli("pin", "base", ref, "--pins", pins, env={"SPARKSTACK_REGISTRY_MIRROR": ""}, check=0)
+    assert json.loads(pins.read_text())["reference"] == ref
+    out = tmp_path / "base"
+    run_cli("image", "pull", "--out", out, "--pins", pins, env={"SPARKSTACK_REGISTRY_MIRROR": ""}, check=0)
+    index = json.loads((out / "index.json").read_text())
+    assert index["manifests"][0]["digest"] == facts["manifest"]

@@ -7,7 +7,8 @@ config and layers under `blobs/sha256/`. Each object comes through `Registry.str
 
 While a blob comes it lives at `blobs/sha256/<hex>.partial`, a name no reader takes for a blob; it is renamed to
 `<hex>` only when every byte is verified. An interrupted pull keeps its finished blobs and its partial one, and
-the next run asks only for the rest (a Range request; a registry that answers 200 sends the whole blob again).
+the next run asks only for the rest (a Range request; a registry that answers 200 sends the whole blob again). A
+resumed blob that does not verify is fetched once more from byte 0: the partial, not the registry, may be wrong.
 `oci-layout` and `index.json` are written last, each atomically: until every blob is in place, nothing here
 looks like a complete layout. A blob whose bytes do not hash to its digest is refused and its partial removed.
 """
@@ -26,7 +27,7 @@ from sparkstack import fsio, outputs
 from sparkstack.errors import SparkstackError
 from sparkstack.oci.model import digest_hex
 from sparkstack.oci.pins import Descriptor, check_platform, read_pins
-from sparkstack.oci.registry import MANIFEST_TYPES, Registry, Resume
+from sparkstack.oci.registry import MANIFEST_TYPES, Registry, Resume, WrongBytes
 from sparkstack.units import human_bytes
 
 WRITTEN_BY = "sparkstack image pull"
@@ -207,11 +208,14 @@ def _hash_of(path: Path) -> tuple[object, int]:
 
 def _fetch_one(reg: Registry, plan: PullPlan, blob: PulledBlob, on_progress: Callable[[int], None] | None,
                counted: list[int]) -> bool:
-    """Fetch one blob into its partial, verify it, rename it into place. True when the registry resumed it."""
+    """Fetch one blob into its partial, verify it, rename it into place. True when the registry resumed it.
+
+    A partial goes on from where it ends. When the blob it grew into is wrong, the held bytes are the first
+    suspect (a partial a power cut left unsynced, or one another tool wrote): it is dropped and the blob fetched
+    once more from byte 0, so an honest registry is never blamed for a bad partial."""
     desc, out = blob.descriptor, plan.out
     part, final = partial_path(out, desc.digest), blob_path(out, desc.digest)
     resume, resumed = None, []
-    mode = "wb"
     if blob.kind == "blobs" and part.exists():
         hasher, held = _hash_of(part)
         if 0 < held < desc.size:
@@ -219,11 +223,31 @@ def _fetch_one(reg: Registry, plan: PullPlan, blob: PulledBlob, on_progress: Cal
                 resumed.append(start)
                 if start == 0:
                     os.truncate(part, 0)
-            resume, mode = Resume(held, hasher, restart), "ab"
+            resume = Resume(held, hasher, restart)
         elif held == desc.size and "sha256:" + hasher.hexdigest() == desc.digest:
             os.replace(part, final)  # a run killed between its last byte and the rename
             fsio.fsync_dir(final.parent)
             return False
+        else:  # as long as the blob, or longer, and not it: nothing to build on
+            part.unlink()
+    try:
+        _stream_into(reg, blob, part, resume, on_progress, counted)
+    except WrongBytes:
+        part.unlink(missing_ok=True)
+        if not (resumed and resumed[0] > 0):
+            raise
+        resumed.clear()  # the blob came whole: not resumed
+        _stream_into(reg, blob, part, None, on_progress, counted, again=True)
+    os.replace(part, final)
+    fsio.fsync_dir(final.parent)
+    return bool(resumed) and resumed[0] > 0
+
+
+def _stream_into(reg: Registry, blob: PulledBlob, part: Path, resume: Resume | None,
+                 on_progress: Callable[[int], None] | None, counted: list[int], again: bool = False) -> None:
+    """The registry's answer for `blob`, appended to `part` (written anew without `resume`), verified, synced.
+    Wrong bytes remove the partial; a cut transfer keeps what came, for the next run to go on from."""
+    desc = blob.descriptor
 
     def advance(n: int) -> None:
         counted[0] += n
@@ -232,25 +256,25 @@ def _fetch_one(reg: Registry, plan: PullPlan, blob: PulledBlob, on_progress: Cal
 
     accept = (desc.media_type,) if blob.kind == "manifests" and desc.media_type in MANIFEST_TYPES else MANIFEST_TYPES
     try:
-        with open(part, mode) as f:
+        with open(part, "ab" if resume is not None else "wb") as f:
             for chunk in reg.stream((blob.kind, desc.digest), desc.size, accept=accept, on_progress=advance,
                                     resume=resume):
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+    except WrongBytes as exc:
+        part.unlink(missing_ok=True)
+        if again:
+            raise WrongBytes(f"{exc} (fetched again from byte 0, after the partial it went on from failed)") from None
+        raise
     except SparkstackError as exc:
-        # A cut connection keeps what came (the next run asks for the rest); a blob that came whole and
-        # still failed is wrong bytes, which no run may build on.
         size = _file_state(part)
-        if size is not None and (size == 0 or size >= desc.size):
-            part.unlink()
-            raise
         if size is None:
             raise
+        if size == 0 or size >= desc.size:
+            part.unlink()
+            raise
         raise SparkstackError(f"{exc} ({human_bytes(size)} of it kept in {part}: pull again to fetch the rest)") from None
-    os.replace(part, final)
-    fsio.fsync_dir(final.parent)
-    return bool(resumed) and resumed[0] > 0
 
 
 def _check_manifest(plan: PullPlan) -> None:

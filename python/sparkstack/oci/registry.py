@@ -9,6 +9,7 @@ Every failure is one `SparkstackError` line.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -87,7 +88,8 @@ def parse_reference(text: str) -> Reference:
 
 
 def registry_url(registry: str) -> str:
-    """Where requests for `registry` go: SPARKSTACK_REGISTRY_MIRROR when set, else https://<registry>."""
+    """Where requests for `registry` go: SPARKSTACK_REGISTRY_MIRROR when set, else https://<registry>; plain
+    http for a loopback registry (localhost, 127.0.0.0/8, [::1]), as docker's own default insecure range."""
     mirror = os.environ.get(MIRROR_ENV, "").strip()
     if mirror:
         parts = urlsplit(mirror)
@@ -95,7 +97,18 @@ def registry_url(registry: str) -> str:
             raise SparkstackError(f"{MIRROR_ENV}={mirror!r}: expected an http(s) URL such as http://127.0.0.1:5000")
         return mirror.rstrip("/")
     host = "registry-1.docker.io" if registry == "docker.io" else registry
-    return f"https://{host}"
+    return f"{'http' if is_loopback(host) else 'https'}://{host}"
+
+
+def is_loopback(host: str) -> bool:
+    """host[:port], the port and IPv6 brackets aside, names this machine."""
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] or host
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _timeout() -> float:
@@ -143,6 +156,11 @@ def _parse_challenge(header: str) -> tuple[str, dict[str, str]] | None:
 
 
 # ---------------------------------------------------------------- answers
+
+
+class WrongBytes(SparkstackError):
+    """The answer's bytes are not the named ones (their hash, their count, past the pinned size): unlike a cut
+    connection, nothing of them may be kept to build on."""
 
 
 @dataclass(frozen=True)
@@ -300,7 +318,7 @@ class Registry:
             resp.close()
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if header_digest is not None and header_digest.strip() != digest:
-            raise SparkstackError(f"{self.label}: {what}: Docker-Content-Digest {header_digest.strip()} "
+            raise WrongBytes(f"{self.label}: {what}: Docker-Content-Digest {header_digest.strip()} "
                                   f"does not match the body ({digest})")
         if expect is not None and digest != expect:
             raise SparkstackError(f"{self.label}: {what}: body is {digest}, not the digest asked for")
@@ -335,7 +353,8 @@ class Registry:
         request. The registry's answer decides where the yielded bytes start, and `resume.restart(start)`
         is told before the first one: `offset` on a 206 whose Content-Range says exactly that range (the
         count and the hash then go on from `resume.hasher`, fed with the bytes the caller holds), 0 on a
-        200 (a registry or CDN that ignores Range, or refuses it with 416: the whole blob comes again)."""
+        200 (a registry or CDN that ignores Range, or refuses it with 416, or answers a 206 for some other range:
+        the whole blob comes again). Wrong bytes raise WrongBytes; a failed transfer, SparkstackError."""
         kind, digest = target
         what = f"{'blob' if kind == 'blobs' else 'manifest'} {digest}"
         headers = {"Accept": ", ".join(accept)} if kind == "manifests" else {}
@@ -345,19 +364,17 @@ class Registry:
             headers["Range"] = f"bytes={resume.offset}-"
         limit = size if size is not None else (cap if cap is not None else MANIFEST_CAP if kind == "manifests" else None)
         resp = self._request(f"/v2/{self.repository}/{kind}/{digest}", headers, what)
-        if resume is not None and resp.status_code == 416:  # the range refused: ask for the whole blob
+        ranged = resume is not None and resp.status_code == 206 and \
+            resp.headers.get("Content-Range", "").strip() == f"bytes {resume.offset}-{size - 1}/{size}"
+        if resume is not None and resp.status_code in (206, 416) and not ranged:
+            # the range refused, or answered with some other range than asked: ask for the whole blob
             resp.close()
             headers.pop("Range")
             resp = self._request(f"/v2/{self.repository}/{kind}/{digest}", headers, what)
         h = hashlib.sha256()
         count = 0
         try:
-            if resume is not None and resp.status_code == 206:
-                wanted = f"bytes {resume.offset}-{size - 1}/{size}"
-                given = resp.headers.get("Content-Range", "").strip()
-                if given != wanted:
-                    raise SparkstackError(f"{self.label}: {what}: asked for {wanted}, answered Content-Range "
-                                          f"{given or '(none)'}")
+            if ranged:
                 h, count = resume.hasher, resume.offset
                 resume.restart(resume.offset)
             elif resp.status_code != 200:
@@ -367,13 +384,13 @@ class Registry:
             header_digest = resp.headers.get("Docker-Content-Digest") if kind == "manifests" else None
             length = resp.headers.get("Content-Length")
             if limit is not None and length and length.isdigit() and count + int(length) > limit:
-                raise SparkstackError(f"{self.label}: {what}: {length} bytes announced, more than "
+                raise WrongBytes(f"{self.label}: {what}: {length} bytes announced, more than "
                                       f"{'its pinned size' if size is not None else 'the cap'} ({limit})")
             budget = max(self.timeout * 4, 10) if size is None or size <= CONFIG_CAP else None
             for chunk in _chunks(resp, self.label, what, budget):
                 count += len(chunk)
                 if limit is not None and count > limit:
-                    raise SparkstackError(f"{self.label}: {what}: more than "
+                    raise WrongBytes(f"{self.label}: {what}: more than "
                                           f"{'its pinned size' if size is not None else 'the cap of'} {limit} bytes")
                 h.update(chunk)
                 if on_progress:
@@ -385,11 +402,11 @@ class Registry:
         if not check_digest:
             header_digest = None
         elif got != digest:
-            raise SparkstackError(f"{self.label}: {what}: the bytes served hash to {got}; refusing them")
+            raise WrongBytes(f"{self.label}: {what}: the bytes served hash to {got}; refusing them")
         if size is not None and count != size:
-            raise SparkstackError(f"{self.label}: {what}: {count} bytes, not the pinned {size}")
+            raise WrongBytes(f"{self.label}: {what}: {count} bytes, not the pinned {size}")
         if header_digest is not None and header_digest.strip() != got:
-            raise SparkstackError(f"{self.label}: {what}: Docker-Content-Digest {header_digest.strip()} "
+            raise WrongBytes(f"{self.label}: {what}: Docker-Content-Digest {header_digest.strip()} "
                                   f"does not match the body")
 
 
