@@ -50,3 +50,20 @@ def need(tool: str) -> str:
             pytest.fail(f"{tool} is required here (SPARKSTACK_REQUIRE_TOOLS is set) but not installed")
         pytest.skip(f"{tool} not installed")
     return path
+
+
+# `check=PLANNED`: a dry run of launch, up or sweep that planned and gave its verdict. Off a Spark some preflight
+# checks fail (no CX-7 NIC, no GB10), so the verdict may be "would not start" and the exit 1 (nginx -t's code);
+# what it must not be is an error, or a verdict that disagrees with the exit code.
+PLANNED = "planned"
+
+
+def assert_planned(proc) -> None:
+    """The dry run ran to its verdict line, and its exit code is the verdict's: 0 would start, 1 would not."""
+    stdout, stderr = (s.decode("utf-8", "replace") if isinstance(s, bytes) else s for s in (proc.stdout, proc.stderr))
+    out = f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    assert "sparkstack: error:" not in stderr and "Traceback" not in stderr, out
+    assert proc.returncode in (0, 1), f"exit {proc.returncode}\n{out}"
+    lines = [line for line in (stdout + stderr).splitlines() if line.startswith("preflight:")]
+    assert lines, f"no verdict line\n{out}"
+    assert lines[-1].endswith("would start") == (proc.returncode == 0), f"exit {proc.returncode} vs {lines[-1]!r}"

@@ -19,7 +19,7 @@ CHECKS = Path(__file__).parent
 sys.path.insert(0, str(CHECKS))
 
 
-from clirun import sparkstack_cmd  # noqa: E402
+from clirun import PLANNED, assert_planned, sparkstack_cmd  # noqa: E402
 
 # xdist groups whose tests wait for something .ci/run makes beside them, and the variable naming the file that says
 # it is made (whole, `ok` or the failure). Until then the group is handed out after the other work, so no worker
@@ -70,7 +70,9 @@ def run_cli():
     def run(*args, env=None, check=None):
         full_env = dict(os.environ, **(env or {}))
         proc = subprocess.run(sparkstack_cmd() + [str(a) for a in args], capture_output=True, text=True, env=full_env)
-        if check is not None:
+        if check == PLANNED:
+            assert_planned(proc)
+        elif check is not None:
             assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         return proc
 

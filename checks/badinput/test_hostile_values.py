@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import sparkstack_cmd
+from clirun import assert_planned, sparkstack_cmd
 
 ROOT = Path(__file__).parents[2]
 TUNED = ROOT / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
@@ -84,10 +84,11 @@ def test_numbers_out_of_kind_or_range(tmp_path, knob, value):
 def test_numbers_in_range_are_accepted(tmp_path):
     """The edges of each range, and the empty values the old launcher gives a meaning."""
     for env in ({"API_PORT": "1", "MASTER_PORT": "65535"}, {"GPU_MEM_UTIL": "1"}, {"GPU_MEM_UTIL": ".5"},
-                {"GPU_MEM_UTIL": "1.0"}, {"MAX_MODEL_LEN": str(2**63 - 1)}, {"KV_CACHE_MEMORY": ""},
+                {"GPU_MEM_UTIL": "1.0"}, {"MAX_MODEL_LEN": str(2**63 - 1), "KV_CACHE_MEMORY": ""}, {"KV_CACHE_MEMORY": ""},
                 {"KV_CACHE_MEMORY": "0"}, {"EAGER": ""}, {"LOAD_FORMAT": ""}, {"NUM_SPEC_TOKENS": "1"}):
         proc = launch(tmp_path, "--json", env=env)
-        assert proc.returncode == 0 and proc.stderr == b"", (env, proc.stderr)
+        assert_planned(proc)
+        assert proc.stderr.decode().startswith("preflight:") and proc.stderr.count(b"\n") == 1, (env, proc.stderr)
 
 
 # -------------------------------------------------------------- 2. option lookalikes and whitespace
@@ -219,7 +220,7 @@ def test_good_templates_fill_per_rank(tmp_path):
     text += '\n[[nodes]]\nhost = "spark-3"\nssh = "me@spark-{rank}"\nfabric_ip = "10.0.1.{rank}"\n'
     (tmp_path / "r.toml").write_text(text)
     proc = launch(tmp_path, "--recipe", tmp_path / "r.toml", "--json", target="all")
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     ranks = json.loads(proc.stdout)["ranks"]
     assert [r["ssh"] for r in ranks] == [None, "user@worker-node", "me@spark-2"]
     assert [r["fabric_ip"] for r in ranks] == ["10.0.0.1", "10.0.0.2", "10.0.1.2"] and ranks[1]["nic"] == "enp1"
@@ -236,7 +237,7 @@ def test_recipe_that_is_not_utf8(tmp_path):
 def test_recipe_with_a_bom_is_still_utf8(tmp_path):
     path = tmp_path / "recipe.toml"
     path.write_bytes(b"\xef\xbb\xbf" + TUNED.read_bytes())
-    assert launch(tmp_path, "--recipe", path).returncode == 0
+    assert_planned(launch(tmp_path, "--recipe", path))
 
 
 @pytest.mark.parametrize("key,value", [("nodes", "[1, 2]"), ("nodes", '"head"'), ("env", '"x"'), ("kv", "[]"),
@@ -297,7 +298,7 @@ def test_builtin_two_node_default_keeps_its_addresses(tmp_path):
     import json
 
     proc = launch(tmp_path, "--recipe", PLAIN, "--json", target="all")
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     assert [r["fabric_ip"] for r in json.loads(proc.stdout)["ranks"]] == ["10.0.0.1", "10.0.0.2"]
 
 
@@ -305,18 +306,28 @@ def test_one_node_needs_no_fabric_address(tmp_path):
     text = TUNED.read_text().replace("required_nodes = 2", "required_nodes = 1")
     text = text[:text.index("[[nodes]]")] + '[[nodes]]\nhost = "solo"\n\n' + text[text.index("# KV geometry"):]
     (tmp_path / "r.toml").write_text(text)
-    assert launch(tmp_path, "--recipe", tmp_path / "r.toml").returncode == 0
+    assert_planned(launch(tmp_path, "--recipe", tmp_path / "r.toml"))
 
 
 # -------------------------------------------------------------- 10. MASTER_ADDR
 
-@pytest.mark.parametrize("value", ["-oProxyCommand=x", "a b", "", "host_name", "10.0.0.1\n", "--master-port", "ex*mple"])
-def test_master_addr_is_an_address_or_host_name(tmp_path, value):
-    env_case(tmp_path, "MASTER_ADDR", value)
+@pytest.mark.parametrize("value", ["-oProxyCommand=x", "a b", "", "host_name", "10.0.0.1\n", "--master-port", "ex*mple",
+                                   "10.0.0.300", "10.0.0", "spark-head.lan", "::1::2", "10.0.0.1/24"])
+def test_master_addr_is_an_ip_address(tmp_path, value):
+    """It is the fabric address rank 0 listens on: the CX-7 link has addresses, not names (issue 38)."""
+    err = refused(launch(tmp_path, env={"MASTER_ADDR": value}), "environment variable", "MASTER_ADDR")
+    if value.isprintable() and value:
+        assert "IPv4 or IPv6" in err, err
 
 
-def test_master_addr_may_be_a_host_name(tmp_path):
-    assert launch(tmp_path, env={"MASTER_ADDR": "spark-head.lan"}).returncode == 0
+@pytest.mark.parametrize("value", ["192.168.7.1", "fd00::1"])
+def test_master_addr_may_be_ipv4_or_ipv6(tmp_path, value):
+    proc = launch(tmp_path, "--json", env={"MASTER_ADDR": value})
+    assert_planned(proc)
+    import json
+
+    argv = json.loads(proc.stdout)["docker_run"]
+    assert argv[argv.index("--master-addr") + 1] == value
 
 
 # -------------------------------------------------------------- 11. more hostile values
@@ -372,3 +383,66 @@ def test_more_hostile_recipe_values(tmp_path, old, new, key):
 
 def test_recipe_path_with_a_newline(tmp_path):
     refused(launch(tmp_path, "--recipe", tmp_path / "a\nb.toml"), "no such recipe")
+
+
+# -------------------------------------------------------------- 12. values a real boot refuses 15 minutes in (issue 38)
+
+def model_snapshot(tmp_path, config: dict) -> None:
+    """The head's model snapshot in the hub layout, holding only its config.json."""
+    import json
+
+    entry = tmp_path / "hf" / "hub" / "models--LibertAIDAI--GLM-5.3-Flash-NVFP4-no-MTP"
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text("c" * 40)
+    (entry / "snapshots" / ("c" * 40)).mkdir(parents=True)
+    (entry / "snapshots" / ("c" * 40) / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("value", ["user@worker-node:22", "worker-node:2222", "me@10.0.0.2:22"])
+def test_worker_ssh_with_a_port_points_to_ssh_config(tmp_path, value):
+    err = refused(launch(tmp_path, env={"WORKER_SSH": value}, target="1"), "WORKER_SSH", value)
+    assert "ssh_config" in err and "Port" in err, err
+
+
+@pytest.mark.parametrize("value", ["user@fd00::2", "worker-node", "me@10.0.0.2"])
+def test_worker_ssh_forms_ssh_takes(tmp_path, value):
+    assert_planned(launch(tmp_path, env={"WORKER_SSH": value}, target="1"))
+
+
+@pytest.mark.parametrize("value", ["5", "1048576"])
+def test_a_kv_pin_below_one_sequence_is_refused(tmp_path, value):
+    """The tuned recipe's 524,288-token context needs ~5.06 GiB of pool at its measured 10,354 B per token."""
+    err = refused(launch(tmp_path, env={"KV_CACHE_MEMORY": value}), f"KV_CACHE_MEMORY={value}", "max-model-len")
+    assert "refuse" in err, err
+
+
+def test_a_kv_pin_of_one_sequence_is_taken(tmp_path):
+    assert_planned(launch(tmp_path, env={"KV_CACHE_MEMORY": str(6 * 2**30)}))
+
+
+def test_a_context_past_the_pool_names_the_pool(tmp_path):
+    # No snapshot here to read the model's context from: the pinned pool is what bounds it.
+    err = refused(launch(tmp_path, env={"MAX_MODEL_LEN": "99999999999"}), "MAX_MODEL_LEN", "989,727 tokens")
+    assert "past the model's context" not in err, err
+
+
+def test_a_context_past_the_models_own_is_refused_with_that_reason(tmp_path):
+    model_snapshot(tmp_path, {"max_position_embeddings": 600000})
+    err = refused(launch(tmp_path, env={"MAX_MODEL_LEN": "99999999999"}), "MAX_MODEL_LEN=99999999999",
+                  "max_position_embeddings", "600,000")
+    assert "KV" not in err, err
+    assert_planned(launch(tmp_path, env={"MAX_MODEL_LEN": "600000"}))
+    refused(launch(tmp_path, env={"MAX_MODEL_LEN": "600001"}), "600,000")
+
+
+def test_a_model_that_stretches_its_context_is_left_to_vllm(tmp_path):
+    model_snapshot(tmp_path, {"max_position_embeddings": 4096, "rope_scaling": {"type": "yarn", "factor": 4.0}})
+    assert_planned(launch(tmp_path, env={"MAX_MODEL_LEN": "16384"}))
+
+
+def test_stop_and_status_work_whatever_the_kv_knobs_say(tmp_path):
+    for verb in ("stop", "status"):
+        cmd = sparkstack_cmd() + ["launch", verb, "--dry-run", "--host-root", str(tmp_path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HF_HOME": str(tmp_path / "hf"), "KV_CACHE_MEMORY": "5"})
+        assert "KV_CACHE_MEMORY" not in proc.stderr, (verb, proc.stderr)

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from clirun import PLANNED
 
 BASE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
 
@@ -88,7 +89,7 @@ def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_cli):
     text = BASE.read_text().replace('"--reasoning-parser", "glm45"', f'"--reasoning-parser", {json.dumps(nasty)}')
     path.write_text(text)
     doc = json.loads(run_cli("launch", "1", "--recipe", path, "--dry-run", "--json",
-                             env={"SERVED_NAME": "a b;c$(d)", "WORKER_SSH": SSH_META}, check=0).stdout)
+                             env={"SERVED_NAME": "a b;c$(d)", "WORKER_SSH": SSH_META}, check=PLANNED).stdout)
     argv = doc["docker_run"]
     assert argv[argv.index("--reasoning-parser") + 1] == nasty
     assert argv[argv.index("--served-model-name") + 1] == "a b;c$(d)"

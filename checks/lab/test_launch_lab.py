@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import assert_planned
 
 from hostfix import write_host, write_hub
 from lab import FABRIC_IF
@@ -196,7 +197,7 @@ def test_probe_runs_runtime_gates_in_the_image(launch_world):
     finally:
         lab.head.docker("image", "rm", dflash2, check=False)
     proc = sparkstack(lab, launch_world, recipe, "0", "--dry-run", "--probe", "--gates", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     checks = json.loads(proc.stdout)["preflight"]
     assert [c["status"] for c in checks if c["check"] == "gate"] == ["skip"]  # a dry run starts no container
     identity = [c for c in checks if c["check"] == "image-identity"]
@@ -241,7 +242,7 @@ def test_preflight_checks_the_workers_snapshots_on_the_worker(launch_world):
 
     def worker_checks():
         proc = sparkstack(lab, launch_world, recipe, "all", "--dry-run", "--probe", "--json", env=env)
-        assert proc.returncode == 0, proc.stderr
+        assert_planned(proc)
         return {c["check"]: c for c in json.loads(proc.stdout)["preflight"] if c["rank"] == 1}
 
     try:

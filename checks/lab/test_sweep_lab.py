@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import sparkstack_cmd, start
+from clirun import assert_planned, sparkstack_cmd, start
 from hostfix import write_host, write_hub
 from test_boot_lab import CONFIRMED, vllm
 from test_launch_lab import lab_recipe
@@ -152,7 +152,7 @@ def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunc
     # 1. The plan: the product's order (no cell shares a boot, none is what serves or the recipe as it stands).
     proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--dry-run"), merged=True)
     transcript(w, "the plan (--dry-run)", proc)
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     proc = sparkstack(w, *argv("sweep", *VARY, *FAST, "--dry-run", "--json"))
     plan = json.loads(proc.stdout)
     assert [(c["index"], c["knobs"], c["boots"]) for c in plan["cells"]] == [

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import shiplab
-from clirun import sparkstack_cmd, start
+from clirun import assert_planned, sparkstack_cmd, start
 from hub_standin import DRAFTER, MODEL, HubStandin, files_of
 from huggingface_hub import scan_cache_dir
 from lab import FABRIC_IF, in_netns, machine_processes, veth_bytes
@@ -114,7 +114,7 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     assert json.loads(shipped.read_text())["platforms"] == {}
     (work / "pins.json").write_text(shipped.read_text())
     proc = run_up(world, "--dry-run", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     plan = json.loads(proc.stdout)
     assert states(plan) == {"fetch": "will run", "strip": "will run", "build": "blocked", "ship": "blocked",
                             "tune": "will run", "launch": "blocked", "verify": "blocked"}, plan

@@ -11,7 +11,7 @@ import pytest
 
 import hostfix
 import standins
-from clirun import sparkstack_cmd
+from clirun import assert_planned, sparkstack_cmd
 from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.launch.preflight import ARGV_GATE, INSTANTTENSOR_GATES, gate_checks
 from sparkstack.recipe import load_recipe
@@ -69,7 +69,7 @@ def up_json(tmp_path, *extra):
            "SPARKSTACK_STATE_DIR": str(tmp_path / "state"), "VLLM_API_KEY": ""}
     proc = subprocess.run(sparkstack_cmd() + ["up", "--ssh-config", str(ssh), "--dry-run", "--json", *extra],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     return json.loads(proc.stdout)
 
 

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import sparkstack_cmd
+from clirun import assert_planned, sparkstack_cmd
 
 import synth
 from sparkstack.command import StageRows, View, argv, declared
@@ -37,7 +37,7 @@ def test_ups_launch_options_take_launchs_environment_variables(tmp_path):
            "HEALTH_INTERVAL": "3", "HEALTH_ATTEMPTS": "7", "WORKER_DELAY": "2.5"}
     proc = subprocess.run([*sparkstack_cmd(), "up", "--dry-run", "--json", "--image", str(tmp_path)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     launch = {s["stage"]: s for s in json.loads(proc.stdout)["stages"]}["launch"]
     words = shlex.split(launch["rerun"])
     assert words[:3] == ["sparkstack", "launch", "all"], words
@@ -184,7 +184,7 @@ def test_a_newcomers_up_names_the_steps_that_unblock_it(tmp_path, monkeypatch):
     env.update(HOME=str(tmp_path), HF_HOME=str(tmp_path / "hf"), SPARKSTACK_STATE_DIR=str(tmp_path / "state"))
     proc = subprocess.run([*sparkstack_cmd(), "up", "--dry-run", "--json"], cwd=empty, env=env, capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     stages = {s["stage"]: s for s in json.loads(proc.stdout)["stages"]}
     assert stages["fetch"]["unblock"].startswith("sparkstack fetch --resolve --recipe /")
     assert stages["tune"]["state"] == "blocked" and "placeholder user@worker-node" in stages["tune"]["detail"]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import assert_planned
 
 import imagefix as fx
 import synth
@@ -194,7 +195,7 @@ def test_launch_and_image_build_find_shipped_data_from_any_directory(run_cli, wo
     env = dict(os.environ, SPARKSTACK_RECIPES="")
     proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "launch", "0", "--dry-run", "--json"],
                           cwd=elsewhere, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     assert json.loads(proc.stdout)["recipe"] == "glm53-flash-dflash2-nvfp4"
     proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(world["base"]),
                            "--overlay-src", str(world["src"]), "--allow-unpinned", "--out", str(tmp_path / "img"),
@@ -220,7 +221,7 @@ def test_a_wheel_install_carries_overlays_and_recipes_and_pin_refuses_its_copy(t
     env = dict(os.environ, PYTHONPATH=str(target), SPARKSTACK_RECIPES="")
     proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "launch", "all", "--dry-run", "--json"],
                           cwd=elsewhere, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     assert json.loads(proc.stdout)["recipe_path"].startswith(str(target))
     installed = target / "sparkstack/data/overlays/dflash2/overlay.toml"
     assert installed.is_file() and not installed.is_symlink()

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from clirun import PLANNED
 
 import hostfix
 import imagefix as fx
@@ -30,7 +31,7 @@ def world(tmp_path, run_cli):
 
 def plan(run_cli, w, *args, env=None):
     proc = run_cli("launch", "all", "--dry-run", "--json", "--host-root", w["root"], *args,
-                   env={**w["env"], **(env or {})}, check=0)
+                   env={**w["env"], **(env or {})}, check=PLANNED)
     return json.loads(proc.stdout)
 
 

@@ -10,7 +10,7 @@ import hostfix
 import pytest
 import standins
 import synth
-from clirun import sparkstack_cmd
+from clirun import assert_planned, sparkstack_cmd
 from hub_standin import recipe_copy
 
 PIN = synth.REVISION  # the commit write_hub lays both entries out at
@@ -36,7 +36,7 @@ def launch(w, recipe, *extra):
     proc = subprocess.run(sparkstack_cmd() + ["launch", "0", "--recipe", str(recipe), "--dry-run", "--json",
                                               "--host-root", str(w["root"]), *extra],
                           capture_output=True, text=True, env=w["env"], timeout=120, check=False)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert_planned(proc)
     return json.loads(proc.stdout)
 
 

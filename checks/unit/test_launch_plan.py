@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from clirun import PLANNED
+
 MODEL_REV = "a" * 40
 DRAFT_REV = "b" * 40
 
@@ -81,10 +83,10 @@ def without_labels(argv: list[str]) -> list[str]:
     return out
 
 
-def plan_json(run_cli, hf_home, target="all", *extra, env=None, check=0):
+def plan_json(run_cli, hf_home, target="all", *extra, env=None, check=PLANNED):
     full_env = {"HF_HOME": str(hf_home), **(env or {})}
     proc = run_cli("launch", target, "--dry-run", "--json", *extra, env=full_env, check=check)
-    return json.loads(proc.stdout) if check == 0 else proc
+    return json.loads(proc.stdout) if check == PLANNED else proc
 
 
 def test_empty_environment_reproduces_the_old_launcher(run_cli, hf_home):
@@ -179,7 +181,7 @@ def test_a_nodes_own_nic_and_hca_win_over_the_knobs(run_cli, hf_home, tmp_path):
 
 def test_api_key_never_enters_argv_or_json(run_cli, hf_home):
     secret = "sk-very-secret-value"
-    proc = run_cli("launch", "all", "--dry-run", "--json", env={"HF_HOME": str(hf_home), "VLLM_API_KEY": secret}, check=0)
+    proc = run_cli("launch", "all", "--dry-run", "--json", env={"HF_HOME": str(hf_home), "VLLM_API_KEY": secret}, check=PLANNED)
     assert secret not in proc.stdout and secret not in proc.stderr
     doc = json.loads(proc.stdout)
     head = doc["ranks"][0]["docker_run"]
@@ -321,8 +323,8 @@ def test_flag_equals_value_is_one_flag_a_knob_can_replace(run_cli, hf_home, tmp_
 
 def test_fabric_addresses_follow_the_nodes_not_master_addr(run_cli, hf_home):
     """Each rank announces its own fabric address; MASTER_ADDR only says where rank 0 listens."""
-    doc = plan_json(run_cli, hf_home, env={"MASTER_ADDR": "spark-head.lan"})
+    doc = plan_json(run_cli, hf_home, env={"MASTER_ADDR": "192.168.7.1"})
     assert "VLLM_HOST_IP=10.0.0.1" in doc["ranks"][0]["docker_run"]
     assert "VLLM_HOST_IP=10.0.0.2" in doc["ranks"][1]["docker_run"]
     for r in doc["ranks"]:
-        assert r["docker_run"][r["docker_run"].index("--master-addr") + 1] == "spark-head.lan"
+        assert r["docker_run"][r["docker_run"].index("--master-addr") + 1] == "192.168.7.1"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clirun import PLANNED
 from safetensors.torch import save_file
 
 import standins
@@ -31,7 +32,7 @@ def standin_env(root: Path) -> dict:
 def preflight(run_cli, world, *extra, env=None):
     root, home = world
     proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, *extra,
-                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root), **(env or {})}, check=0)
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root), **(env or {})}, check=PLANNED)
     return {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
 
 
@@ -165,15 +166,35 @@ def test_each_broken_fact_is_caught(run_cli, world, case):
 
 def test_api_key_warning(run_cli, world):
     root, home = world
-    proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, env={"HF_HOME": str(home)}, check=0)
+    proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, env={"HF_HOME": str(home)}, check=PLANNED)
     checks = {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
     assert checks["api-key"]["status"] == "warn" and "0.0.0.0" in checks["api-key"]["detail"]
 
 
-def test_kv_plan_that_cannot_cover_a_request_warns(run_cli, world):
-    checks = preflight(run_cli, world, env={"KV_CACHE_MEMORY": str(2 * 2**30)})
+def test_kv_plan_that_cannot_hold_one_sequence_is_refused_before_preflight(run_cli, world):
+    """vLLM refuses such a pool at start: it is a refusal of the plan, not a check a dry run reports and goes on."""
+    root, home = world
+    proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, check=1,
+                   env={"HF_HOME": str(home), "KV_CACHE_MEMORY": str(2 * 2**30), **standin_env(root)})
     tokens = 2 * 2**30 * 989727 // 10247694336  # the measured cost, applied by hand
-    assert checks["kv-plan"]["status"] == "warn" and f"{tokens:,} tokens cover 0.40x" in checks["kv-plan"]["detail"]
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"holds {tokens:,} tokens, less than one max-model-len sequence" in proc.stderr, proc.stderr
+
+
+def test_the_verdict_counts_the_checks_and_names_the_first_failure(run_cli, world):
+    root, home = world
+    (root / "proc/sys/vm/swappiness").write_text("30\n")
+    proc = run_cli("launch", "0", "--dry-run", "--host-root", root, check=1,
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)})
+    listed = [line.split()[0] for line in proc.stdout.splitlines() if line.split()[:1] in (["pass"], ["warn"], ["fail"], ["skip"])]
+    last = proc.stdout.splitlines()[-1]
+    counts = ", ".join(f"{listed.count(s)} {s}" for s in ("pass", "warn", "fail", "skip"))
+    assert listed.count("fail") == 1 and last.startswith(f"preflight: {counts}: "), proc.stdout
+    assert "`sparkstack launch 0` would not start (first: [rank 0 on local] swappiness: " in last, last
+    (root / "proc/sys/vm/swappiness").write_text("0\n")
+    fixed = run_cli("launch", "0", "--dry-run", "--host-root", root, check=0,
+                    env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)})
+    assert fixed.stdout.splitlines()[-1].endswith("`sparkstack launch 0` would start"), fixed.stdout
 
 
 def test_launch_refuses_before_any_container_on_a_failed_check(run_cli, world):

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from clirun import PLANNED
 
 from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.recipe import load_recipe
@@ -124,7 +125,7 @@ def test_mtp_strip_passes_a_recipe_that_serves_mtp_on_purpose(run_cli, tmp_path,
                                                'skips them while num_nextn_predict_layers > 0"\n')
     recipe.write_text(text)
     proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, "--recipe", recipe,
-                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}, check=0)
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}, check=PLANNED)
     strip = next(c for c in json.loads(proc.stdout)["preflight"] if c["check"] == "mtp-strip")
     if on_purpose:
         assert strip["status"] == "pass" and "on purpose" in strip["detail"] and "loader skips them" in strip["detail"]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from clirun import PLANNED
 
 from sparkstack.bench.plot import PNG_SIGNATURE, png_marker
 from sparkstack.errors import SparkstackError, UsageError
@@ -194,7 +195,7 @@ def test_a_resumed_dry_run_estimates_the_cells_left(run_cli, tmp_path):
     fx.write_base(base)
     env = {"SPARKSTACK_STATE_DIR": str(tmp_path / "state"), "HF_HOME": str(tmp_path / "hf")}
     sweep = ("sweep", "--vary", "NUM_SPEC_TOKENS=2,4", "--image", base, "--dry-run")
-    first = json.loads(run_cli(*sweep, "--json", env=env, check=0).stdout)
+    first = json.loads(run_cli(*sweep, "--json", env=env, check=PLANNED).stdout)
     assert first["boots"] == 2 and first["estimate_s"] == 2 * DEFAULT_BOOT_S and first["finished_already"] == []
     cells = [{"index": c["index"], "knobs": c["knobs"], "key": c["key"], "status": "pending", "run_id": None,
               "boot": None, "report": None, "failure": None, "started_at": None, "finished_at": None}
@@ -202,12 +203,14 @@ def test_a_resumed_dry_run_estimates_the_cells_left(run_cli, tmp_path):
     cells[0]["status"] = "done"
     write_state(Path(first["record"]), {"version": 1, "sweep": "x", "recipe": RECIPE, "vary": first["vary"],
                                        "salt": first["salt"], "bench": {}, "cells": cells, "serving": None})
-    again = json.loads(run_cli(*sweep, "--json", env=env, check=0).stdout)
+    again = json.loads(run_cli(*sweep, "--json", env=env, check=PLANNED).stdout)
     assert again["finished_already"] == [0] and again["boots"] == 1 and again["estimate_s"] == DEFAULT_BOOT_S
-    lines = run_cli(*sweep, env=env, check=0).stdout.splitlines()
+    lines = run_cli(*sweep, env=env, check=PLANNED).stdout.splitlines()
     assert lines[0] == f"sweep {RECIPE}: NUM_SPEC_TOKENS (2, 4): 2 cells (1 finished), 1 boot(s), about 15 min + bench"
     assert lines[1] == "  1. cell 1: NUM_SPEC_TOKENS=2: finished in an earlier run: kept"
-    assert lines[-1].startswith("resumes ") and lines[-1].endswith(": cells 1 finished already")
+    resumes = [line for line in lines if line.startswith("resumes ")]
+    assert len(resumes) == 1 and resumes[0].endswith(": cells 1 finished already"), lines
+    assert lines[-1].startswith("preflight: "), lines  # the verdict of the cell left
 
 
 def test_boot_estimates_from_run_records():

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from clirun import sparkstack_cmd, start
+from clirun import assert_planned, sparkstack_cmd, start
 from inprocess_engine import wait_for
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
 from safetensors import safe_open
@@ -109,7 +109,7 @@ def by_stage(doc: dict) -> dict[str, dict]:
 
 def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(world):
     proc = up(world, "--dry-run", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     stages = by_stage(json.loads(proc.stdout))
     assert list(stages) == ["fetch", "strip", "build", "ship", "tune", "launch", "verify"]
     assert stages["fetch"]["state"] == "blocked"
@@ -134,7 +134,7 @@ def test_a_pinned_base_not_given_is_unblocked_by_image_pull(world):
                                         "config": {**layer, "digest": "sha256:" + "3" * 64}, "layers": [layer]}}
     world["pins"].write_text(json.dumps(doc))
     proc = up(world, "--dry-run", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert_planned(proc)
     build = by_stage(json.loads(proc.stdout))["build"]
     assert build["state"] == "blocked" and "sha256:222222222222" in build["detail"]
     assert build["unblock"] == f"sparkstack image pull --out base --pins {world['pins']}"

@@ -150,6 +150,10 @@ def _emit(as_json: bool, doc, lines) -> None:
             terminal.print_rich(line)
 
 
+def _with_verdict(doc, verdict):
+    return doc if verdict is None or doc is None else {**doc, "verdict": verdict.to_json()}
+
+
 def run(command: Command, given: dict) -> None:
     """Plan; a dry run shows the plan; else apply through a terminal view and show the result."""
     request = request_of(command.request, given)
@@ -159,7 +163,13 @@ def run(command: Command, given: dict) -> None:
     for w in command.warnings(plan):
         view.warn(w)
     if command.dry(request):
-        _emit(request.as_json, lambda: command.plan_json(plan), lambda: command.plan_lines(plan))
+        verdict = command.verdict(plan)
+        _emit(request.as_json, lambda: _with_verdict(command.plan_json(plan), verdict),
+              lambda: command.plan_lines(plan))
+        if verdict is not None:  # the last line, after any note (stderr under --json: the document is stdout)
+            click.echo(view.shown(verdict.line()), err=request.as_json)
+            if verdict.exit_code:
+                sys.exit(verdict.exit_code)
         result = None
     else:
         if command.preview:  # what is about to happen, before it does (stderr under --json)

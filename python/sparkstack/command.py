@@ -233,6 +233,7 @@ class Command:
     outputs: Callable = lambda p, r: {}  # (plan, result) -> what `up` records of a run
     after_json: Callable = lambda p, r: ()  # (plan, result) -> warnings said after the --json document
     dry: Callable = lambda r: r.dry_run  # (request) -> whether to stop after the plan
+    verdict: Callable = _nothing  # (plan) -> checkline.Verdict after a dry run: its last line and its exit code
     cut: Callable = _nothing  # (plan, result) -> a line after a run its own Ctrl-C handling ended early
     on_interrupt: str = " (outputs are published atomically: nothing half-written)"  # said after "interrupted"
     quiet_interrupt: bool = False  # Ctrl-C is how it is quit (top): exit 0, and other stop signals say nothing

@@ -108,6 +108,14 @@ def plan(request: Request, environ: Mapping[str, str], deployment=None) -> Plan:
     runners = launch_apply.runners_for(lp, r.ssh_config)
     env = dict(environ)
     stopping = stop_ranks(lp, r) if verb == "stop" else None
+    if verb == "launch":  # stop and status must work whatever the knobs say
+        from sparkstack.errors import SparkstackError
+        from sparkstack.launch.kv import pool_too_small
+        from sparkstack.launch.preflight import context_refusal
+
+        refused = context_refusal(lp, environ) or pool_too_small(lp, environ)
+        if refused:
+            raise SparkstackError(refused)
     if not r.dry_run or verb == "status":
         return Plan(r, lp, runners, environ=env, stopping=stopping)
     if verb == "stop":
@@ -235,8 +243,19 @@ def _failure(p: Plan, result) -> str | None:
     return "; ".join(result.failures) if isinstance(result, Stopped) and result.failures else None
 
 
+def _verdict(p: Plan):
+    """A dry run of a launch: its preflight counted; stop's has no checks, so no verdict."""
+    from sparkstack.checkline import Verdict
+
+    if verb_of(p.request) == "stop":
+        return None
+    failed = next((c for c in p.checks if c.status == "fail"), None)
+    return Verdict.of(f"sparkstack launch {p.request.target}", (c.status for c in p.checks),
+                      "" if failed is None else failed.line().split(None, 1)[1])
+
+
 COMMAND = Command(("launch",), Request, plan, apply, plan_lines=_plan_lines, plan_json=_plan_json,
-                  result_lines=_result_lines, result_json=_result_json, failure=_failure,
+                  result_lines=_result_lines, result_json=_result_json, failure=_failure, verdict=_verdict,
                   dry=lambda r: r.dry_run and verb_of(r) != "status")  # status only reads: --dry-run changes nothing
 
 

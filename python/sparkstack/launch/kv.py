@@ -31,12 +31,13 @@ def _flag_int(args: list[str], flag: str) -> int | None:
 
 
 def argv_kv_bytes(args: list[str] | tuple[str, ...]) -> int | None:
-    """The KV pin an argv sets (either spelling of the flag), or None: a launch plan's or a run record's argv."""
+    """The KV pin an argv sets (either spelling of the flag), or None: a launch plan's or a run record's argv. A pin
+    of 0 is None: vLLM's GPU worker reads a falsy kv_cache_memory_bytes as no pin, and profiles the pool."""
     args = list(args)
     kv_bytes = None
     for flag in KV_FLAGS:
         kv_bytes = _flag_int(args, flag) if flag in args else kv_bytes
-    return kv_bytes
+    return kv_bytes or None
 
 
 def kv_inputs(plan: LaunchPlan) -> KvInputs:
@@ -54,3 +55,18 @@ def plan_launch_kv(plan: LaunchPlan, kv_bytes: int | None = None) -> KvPlan:
     inputs = kv_inputs(plan)
     return plan_kv(plan.recipe.kv, inputs.kv_bytes if kv_bytes is None else kv_bytes, inputs.max_model_len,
                    inputs.block_size, inputs.kv_dtype)
+
+
+def pool_too_small(plan: LaunchPlan, environ) -> str | None:
+    """The one line refusing a KV pin that holds less than one max-model-len sequence (vLLM refuses such a pool at
+    start, 15 minutes into a boot); None when it holds one, or when the pool is the profiler's to size."""
+    kv = plan_launch_kv(plan)
+    if kv.tokens is None or kv.coverage is None or kv.tokens >= kv.max_model_len:
+        return None
+    needed = -(-kv.max_model_len * kv.per_token_bytes // 1)
+    given = f"KV_CACHE_MEMORY={environ['KV_CACHE_MEMORY']}" if environ.get("KV_CACHE_MEMORY") else \
+        f"the KV pin ({' or '.join(KV_FLAGS)} in {plan.recipe.name}'s args, or KV_CACHE_MEMORY)"
+    return (f"{given}: a pool of {kv.kv_bytes:,} B holds {kv.tokens:,} tokens, less than one max-model-len sequence "
+            f"({kv.max_model_len:,} tokens needs at least {int(needed):,} B at {kv.per_token_bytes:,.2f} B per token): "
+            "vLLM would refuse to start; raise the pin, lower MAX_MODEL_LEN, or leave the pool to the profiler "
+            "(KV_CACHE_MEMORY=)")

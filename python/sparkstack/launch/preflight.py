@@ -14,6 +14,7 @@ import shutil
 import socket
 import struct
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +68,15 @@ class PreflightCheck:
     status: str  # pass | fail | warn | skip
     detail: str
     rank: int | None = None
+    host: str = ""  # the machine the check is about, as its runner names it ("local", "user@worker")
 
     def line(self) -> str:
-        return check_line(self.status, self.name, self.detail, f"[rank {self.rank}] " if self.rank is not None else "")
+        where = "" if self.rank is None else f"[rank {self.rank}{' on ' + self.host if self.host else ''}] "
+        return check_line(self.status, self.name, self.detail, where)
 
     def to_json(self) -> dict:
-        return {"check": self.name, "status": self.status, "detail": self.detail, "rank": self.rank}
+        return {"check": self.name, "status": self.status, "detail": self.detail, "rank": self.rank,
+                "host": self.host or None}
 
 
 @dataclass(frozen=True)
@@ -439,8 +443,9 @@ def kv_check(plan: LaunchPlan) -> PreflightCheck:
         return PreflightCheck("kv-plan", "fail", f"KV pages do not unify: {kv.page_unification.reason}")
     if kv.tokens is None:
         return PreflightCheck("kv-plan", "warn", "no KV pin or no measured per-token cost: the pool size is up to the profiler")
-    if kv.coverage < 1:
-        return PreflightCheck("kv-plan", "warn", f"{kv.tokens:,} tokens cover {kv.coverage:.2f}x of max-model-len")
+    if kv.coverage < 1:  # vLLM refuses a pool that holds no max-model-len sequence (launch refuses it at plan)
+        return PreflightCheck("kv-plan", "fail", f"{kv.tokens:,} tokens cover {kv.coverage:.2f}x of max-model-len: "
+                                                 "vLLM would refuse to start")
     return PreflightCheck("kv-plan", "pass", f"{kv.tokens:,} tokens = {kv.coverage:.2f}x max-model-len")
 
 
@@ -635,7 +640,36 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
                                                 "not under --dry-run", 0))
     else:
         checks.append(PreflightCheck("image", "skip", "docker checks need --probe (or run without --dry-run)"))
+    labels = {rank.rank: rank.ssh or "local" for rank in plan.ranks}  # as its runner names it
+    checks = [dataclasses.replace(c, host=labels.get(c.rank, "")) if c.rank is not None and not c.host else c
+              for c in checks]
     if on_check:
         for c in checks:
             on_check(c)
     return checks
+
+
+def context_refusal(plan: LaunchPlan, environ) -> str | None:
+    """The one line refusing a max-model-len past the served model's context (its config.json's
+    max_position_embeddings), which vLLM refuses at start; None when within it, or when the head's snapshot is not
+    here to read (then the KV check is the bound). A config with rope_scaling is left to vLLM: it may stretch it."""
+    from sparkstack.launch.kv import kv_inputs
+
+    entry = Path(plan.ranks[0].hub) / plan.knobs["MODEL_CACHE_NAME"]
+    revision = plan.model_revision
+    if revision is None:
+        try:
+            revision = ref_file(entry).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+    snap = snapshot_dir(entry, revision)
+    config = _read_config(snap) if revision and "/" not in revision else None
+    limit = (config or {}).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or (config or {}).get("rope_scaling"):
+        return None
+    asked = kv_inputs(plan).max_model_len
+    if asked <= limit:
+        return None
+    given = f"MAX_MODEL_LEN={environ['MAX_MODEL_LEN']}" if environ.get("MAX_MODEL_LEN") else f"--max-model-len {asked}"
+    return (f"{given}: past the model's context, max_position_embeddings {limit:,} in {snap / 'config.json'}: vLLM "
+            f"refuses a longer max-model-len at start; use at most {limit:,}")

@@ -4,8 +4,8 @@ checked, the knobs a plain recipe may set in its [env], and the [[nodes]] keys."
 from __future__ import annotations
 
 from sparkstack.recipe.values import (
-    Kind, byte_count, cache_name, container_name, count, eager, fraction, hca, hf_home, host, image_ref, ipv4, nic,
-    node_rank, not_a_flag, or_empty, port, spec_json, text, token, word,
+    Kind, byte_count, cache_name, container_name, count, eager, fraction, hca, hf_home, host, image_ref, ip_address,
+    ipv4, nic, node_rank, not_a_flag, or_empty, port, spec_json, ssh_target, text, token, word,
 )
 
 # The seed launcher's knobs and their tuned defaults (the knob table in docs/commands/launch.md). An empty
@@ -44,7 +44,7 @@ KNOB_KINDS: dict[str, Kind] = {
     "NUM_SPEC_TOKENS": count, "GPU_MEM_UTIL": fraction, "KV_CACHE_MEMORY": or_empty(byte_count),
     "OMP_NUM_THREADS": count, "VLLM_CPU_OMP_THREADS_BIND": token, "MAX_NUM_BATCHED_TOKENS": count,
     "API_PORT": port, "MAX_MODEL_LEN": count, "MAX_NUM_SEQS": count, "MOE_BACKEND": word,
-    "WORKER_SSH": token, "MASTER_ADDR": host, "MASTER_PORT": port, "CX_NIC": nic, "CX_HCA": hca,
+    "WORKER_SSH": ssh_target, "MASTER_ADDR": ip_address, "MASTER_PORT": port, "CX_NIC": nic, "CX_HCA": hca,
 }
 assert KNOB_KINDS.keys() == KNOB_DEFAULTS.keys()
 CACHE_NAME_KNOBS = ("DRAFT_CACHE_NAME", "MODEL_CACHE_NAME")
@@ -65,7 +65,7 @@ VALUE_FLAGS: dict[str, Kind] = {
 SAME_FLAG = {"--kv-cache-memory-bytes": "--kv-cache-memory"}  # vLLM's abbreviation: one flag, two spellings
 
 # [[nodes]] keys filled per rank, the kind of the filled value, and the placeholders they may use.
-NODE_KINDS: dict[str, Kind] = {"ssh": token, "fabric_ip": ipv4, "nic": nic, "hca": hca, "docker_host": token}
+NODE_KINDS: dict[str, Kind] = {"ssh": ssh_target, "fabric_ip": ipv4, "nic": nic, "hca": hca, "docker_host": token}
 PLACEHOLDERS = frozenset({"rank", *KNOB_DEFAULTS})
 RECIPE_ONLY_ENV = {"VLLM_HOST_IP": "it is derived per rank from fabric_ip",
                    "VLLM_API_KEY": "a recipe value would appear in argv; set it in the environment"}

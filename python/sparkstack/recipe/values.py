@@ -144,6 +144,35 @@ def host(value: str) -> str | None:
         return None if _HOSTNAME.fullmatch(value) else "is not an IP address or host name"
 
 
+def ssh_target(value: str) -> str | None:
+    """ssh's `[user@]host`: ssh reads no port there (`user@host:22` is a host named `host:22`); a port belongs in
+    ssh_config. A bare IPv6 address is the one host with colons."""
+    problem = token(value)
+    if problem:
+        return problem
+    user, _, name = value.rpartition("@")
+    if value.startswith("-") or not name or (user == "" and "@" in value):
+        return "is not an ssh target: expected user@host or host"
+    if ":" in name:
+        try:
+            ipaddress.IPv6Address(name.strip("[]"))
+        except ValueError:
+            return (f"holds a port ({name!r}): ssh takes none in user@host; set it in an ssh_config "
+                    f"(`Host {name.rsplit(':', 1)[0]}` then `Port {name.rsplit(':', 1)[1]}`) and pass --ssh-config")
+    return None
+
+
+def ip_address(value: str) -> str | None:
+    """A unicast IPv4 or IPv6 address, as an address is written (no host name: it is read as one)."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return "is not an IPv4 or IPv6 address (a fabric address: a host name is not one)"
+    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+        return "is not a unicast address"
+    return None
+
+
 def ipv4(value: str) -> str | None:
     try:
         ip = ipaddress.IPv4Address(value)

@@ -88,7 +88,7 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
     launch = launch_cmd.Request(target="all", recipe=r.recipe, image=r.image, profile=r.profile,
                                 host_root=r.host_root, ssh_config=r.ssh_config, gates=r.gates,
                                 health_interval=r.health_interval, health_attempts=r.health_attempts,
-                                worker_delay=r.worker_delay)
+                                worker_delay=r.worker_delay, dry_run=r.dry_run)  # a dry run: each cell's preflight
     baseline = launch_cmd.plan(launch, environ)
     cells = {i: launch_cmd.plan(launch, {**environ, **dict(knobs)}) for i, knobs in enumerate(product(varies))}
     image_id = _image_id(baseline)
@@ -242,6 +242,35 @@ def _report(p: Plan, state: Mapping):
     return report
 
 
+def preflight_rows(p: Plan) -> list[tuple[str, object]]:
+    """Each cell's preflight (a dry run's, from local facts), as (where, check): a check every cell meets alike is
+    one row (where ""), the rest one row per cell that meets it."""
+    cells = [(c, p.cells[c.index].checks) for c in p.sweep.cells if not p.done_already(c)]
+    if not cells:
+        return []
+    shared = [c for c in cells[0][1] if all(c in checks for _, checks in cells)]
+    rows = [("", c) for c in shared]
+    for cell, checks in cells:
+        rows += [(f"cell {cell.index + 1} ({cell.label})", c) for c in checks if c not in shared]
+    return rows
+
+
+def _verdict(p: Plan):
+    from sparkstack.checkline import Verdict
+
+    if not p.request.dry_run:
+        return None
+    rows = preflight_rows(p)
+    failed = next((f"{where + ': ' if where else ''}{c.line().split(None, 1)[1]}" for where, c in rows
+                   if c.status == "fail"), "")
+    todo = [c for c in p.sweep.cells if not p.done_already(c)]
+    failing = [c for c in todo if any(check.status == "fail" for check in p.cells[c.index].checks)]
+    refusal = ("would boot no cell: each would fail its preflight" if len(failing) == len(todo) else
+               f"would run, but cell(s) {', '.join(str(c.index + 1) for c in failing)} would fail their preflight "
+               "(failed rows)")
+    return Verdict.of("sparkstack sweep", (c.status for _, c in rows), failed, refusal)
+
+
 def _plan_lines(p: Plan) -> list[str]:
     lines = p.sweep.lines()
     kept = [c for c in p.sweep.cells if p.done_already(c)]
@@ -249,13 +278,19 @@ def _plan_lines(p: Plan) -> list[str]:
         lines.append(f"resumes {p.state_file}: cells {', '.join(str(c.index + 1) for c in kept)} finished already")
     if p.serving:
         lines.append(f"serving now: run {p.serving}")
+    if p.request.dry_run:
+        rows = preflight_rows(p)
+        lines.append("preflight of every cell (from this machine's facts; a cell that fails it is a failed row):")
+        lines += [f"  {c.line()}" + (f"   <- {where}" if where else "") for where, c in rows]
     return lines
 
 
 def _plan_json(p: Plan) -> dict:
     return {**p.sweep.to_json(), "record": str(p.state_file), "salt": _salt(p),
             "finished_already": [c.index for c in p.sweep.cells if p.done_already(c)], "serving_now": p.serving,
-            "dry_run": p.request.dry_run}
+            "dry_run": p.request.dry_run,
+            "preflight": [{**c.to_json(), "cell": where or None} for where, c in preflight_rows(p)]
+            if p.request.dry_run else None}
 
 
 def _result_lines(p: Plan, r: Result) -> list[str]:
@@ -271,5 +306,6 @@ def _result_json(p: Plan, r: Result) -> dict:
 
 COMMAND = Command(("sweep",), Request, plan, apply, plan_lines=_plan_lines, plan_json=_plan_json,
                   result_lines=_result_lines, result_json=_result_json, failure=lambda p, r: r and r.failure,
+                  verdict=_verdict,
                   cut=lambda p, r: "" if r is not None and r.cut else None, preview=True,
                   consent=lambda p: any(not p.done_already(c) for c in p.sweep.cells) or p.sweep.final_boot)

@@ -135,8 +135,28 @@ def _plan_lines(p) -> list[str]:
     return plan_lines(p)
 
 
+def stage_status(stage) -> str:
+    """A stage as one check of up's verdict: up to date or to run passes; blocked by its own cause fails; one that
+    waits on a blocked stage, or is left out by --from/--until, is skipped (it cannot be judged yet)."""
+    from sparkstack.command import BLOCKED
+    from sparkstack.up.plan import SKIPPED
+
+    if stage.state == SKIPPED or (stage.state == BLOCKED and stage.after):
+        return "skip"
+    return "fail" if stage.state == BLOCKED else "pass"
+
+
+def _verdict(p):
+    from sparkstack.checkline import Verdict
+
+    failed = next((s for s in p.stages if stage_status(s) == "fail"), None)
+    return Verdict.of("sparkstack up", (stage_status(s) for s in p.stages),
+                      refusal="" if failed is None else f"would stop at {failed.name}, which is blocked")
+
+
 COMMAND = Command(
     ("up",), Request, plan, apply, plan_lines=_plan_lines, plan_json=lambda p: {**p.to_json(), "dry_run": True},
+    verdict=_verdict,
     result_lines=_result_lines, result_json=_result_json,
     failure=lambda p, r: r.failure if r is not None else None,
     cut=lambda p, r: "" if r is not None and r.stopped == "cut" else None,
