@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkstack.errors import UsageError
+from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.command import Command, View, argument, option
 from sparkstack.tune.command import host_root_option, ssh_config_option
 
@@ -109,7 +109,6 @@ def plan(request: Request, environ: Mapping[str, str], deployment=None) -> Plan:
     env = dict(environ)
     stopping = stop_ranks(lp, r) if verb == "stop" else None
     if verb == "launch":  # stop and status must work whatever the knobs say
-        from sparkstack.errors import SparkstackError
         from sparkstack.launch.kv import pool_too_small
         from sparkstack.launch.preflight import context_refusal
 
@@ -163,7 +162,6 @@ def status(p: Plan) -> Status:
 def _planned_kv(lp):
     """The KV plan status sets beside the last boot's measurement; None when the argv's KV flags do not read (status
     still shows the ranks)."""
-    from sparkstack.errors import SparkstackError
     from sparkstack.launch.kv import plan_launch_kv
 
     try:

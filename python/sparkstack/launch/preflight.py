@@ -8,13 +8,13 @@ them, as are the checks that need docker on a rank (apply, or `--probe`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import socket
 import struct
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
