@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import imagefix as fx
-from clirun import sparkstack_cmd
+from clirun import assert_planned, sparkstack_cmd
 from nixrun import STUB_VENV, TIMEOUT, required, run, working_tree_clone
 from registry_standin import OCI_INDEX, OCI_MANIFEST, Repo, Standin
 
@@ -148,12 +148,16 @@ def test_flake_end_to_end(world):
     assert stdenv_epoch["manifest_digest"] != direct["manifest_digest"]
 
     # 5. `nix run .#launch` runs that very image: its store path as --image, its tag in docker_run.
-    plan = json.loads(nix(w, "run", *w["O"], ".#launch", "--", "0", "--dry-run", "--json").stdout)
+    proc = nix(w, "run", *w["O"], ".#launch", "--", "0", "--dry-run", "--json", check=None)
+    assert_planned(proc)  # its preflight may fail off a Spark (exit 1); the plan is what this step reads
+    plan = json.loads(proc.stdout)
     assert plan["image"] == direct["name"] and plan["image_config_digest"] == direct["config_digest"]
     assert plan["image_source"] == "flag" and plan["would_load"]["from"] == str(image)
     assert plan["docker_run"][:2] == ["docker", "run"] and direct["name"] in plan["docker_run"]
     # ... and so does `nix run .#up`: its build stage is that image, up to date, and ship would send it.
-    up = json.loads(nix(w, "run", *w["O"], ".#up", "--", "--until", "build", "--dry-run", "--json").stdout)
+    proc = nix(w, "run", *w["O"], ".#up", "--", "--until", "build", "--dry-run", "--json", check=None)
+    assert_planned(proc)
+    up = json.loads(proc.stdout)
     (build,) = [s for s in up["stages"] if s["stage"] == "build"]
     assert build["state"] == "up to date" and build["outputs"]["image"] == str(image)
     assert build["outputs"]["config"] == direct["config_digest"]
