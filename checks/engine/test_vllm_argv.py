@@ -2,7 +2,8 @@
 scenario, gives each rank's engine argv (what follows the image in docker_run); vLLM 0.32's own `vllm serve` parser,
 with abbreviations off, must accept every one. The judge is preflight's ARGV_GATE script itself, run by the real
 vLLM's python (SPARKSTACK_VLLM_PYTHON), once for all argvs; and it must refuse, in one line naming the option, an
-unknown option, an abbreviation, a value outside an option's choices and a parser name vLLM lacks."""
+unknown option, an abbreviation, a value outside an option's choices and a parser name vLLM lacks. The same run
+checks the recorded flag set a dry run with no image judges recipe args by (recipe/engine_flags.py)."""
 
 from __future__ import annotations
 
@@ -43,13 +44,35 @@ REFUSED = {
     "reasoning-parser": (BASE + ["--reasoning-parser", "glm99"], "--reasoning-parser glm99"),
 }
 
+# Spellings a recipe's args may hold, each as `vllm serve` itself reads them (abbreviations on, as it builds its
+# parser): the recorded flag set (recipe/engine_flags.py) must take exactly the ones vLLM takes.
+SPELLINGS = [
+    ["--max-num-seqs", "6"], ["--max_num_seqs", "6"], ["--max-num_seqs", "6"], ["--max-num-seqs=6"],
+    ["--max_num-seqs=6"], ["--kv-cache-memory", "1"], ["--kv_cache-memory-bytes", "1"], ["--enable-auto-tool-choice"],
+    ["--no-enable-prefix-caching"], ["--compilation-config.mode", "3"], ["--speculative-config.method", "dflash"],
+    ["--max-num-seqz", "6"], ["--max-num", "6"], ["--spec"], ["--enable-auto-tool-choise"], ["--kv-cache-memory-byte", "1"],
+    ["--max-num-seqs-x", "6"], ["--no-such-flag"], ["--reasoning-parser", "glm45"], ["--reasoning_parser=glm45"],
+]
+
+# One vLLM import for all: the gate's judge() on every argv, the gate's option_kinds() (what the flags file
+# records), vLLM's version, and whether `vllm serve`'s own parser takes each spelling.
 JUDGE_ALL = """
 import json, sys
 gate = {"__name__": "argv_gate"}
 exec(compile(sys.argv[1], "ARGV_GATE", "exec"), gate)
-print(json.dumps({k: gate["judge"](v) for k, v in json.load(sys.stdin).items()}))
+asked = json.load(sys.stdin)
+import vllm
+serve = gate["parser"](allow_abbrev=True)
+def takes(tail):
+    try:
+        serve.parse_args(["/models/snap"] + tail)
+        return True
+    except gate["Refused"]:
+        return False
+print(json.dumps({"verdicts": {k: gate["judge"](v) for k, v in asked["argvs"].items()},
+                  "flags": gate["option_kinds"](), "vllm": vllm.__version__,
+                  "spellings": [takes(tail) for tail in asked["spellings"]]}))
 """
-
 
 @pytest.fixture(scope="session")
 def hf_home(tmp_path_factory):
@@ -86,14 +109,20 @@ def planned(hf_home) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="session")
-def verdicts(planned) -> dict[str, list]:
+def judged(planned) -> dict:
     """ARGV_GATE's judge() in the real vLLM, once for every argv (vLLM's import costs tens of seconds here)."""
     argvs = {**planned, **{f"refused/{k}": v for k, (v, _) in REFUSED.items()}}
-    proc = subprocess.run([vllm_python(), "-c", JUDGE_ALL, ARGV_GATE], input=json.dumps(argvs), capture_output=True,
+    asked = json.dumps({"argvs": argvs, "spellings": SPELLINGS})
+    proc = subprocess.run([vllm_python(), "-c", JUDGE_ALL, ARGV_GATE], input=asked, capture_output=True,
                           text=True, timeout=900, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin",
                                                         "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def verdicts(judged) -> dict[str, list]:
+    return judged["verdicts"]
 
 
 def test_every_recipe_and_scenario_was_planned(planned):
@@ -126,3 +155,23 @@ def test_the_gate_script_as_preflight_runs_it(tmp_path):
     proc = subprocess.run([vllm_python(), "-c", ARGV_GATE, *argv], capture_output=True, text=True, timeout=900,
                           env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 1 and len(proc.stdout.strip().splitlines()) == 1 and word in proc.stdout, proc
+
+
+def test_the_recorded_flags_are_the_pinned_vllms_own(judged):
+    """The drift test: vllm_serve_flags.json is what this vLLM's parser has (checks/tools/record_vllm_flags.py
+    rewrites it), and the version it names is this vLLM's."""
+    recorded = json.loads((Path(__file__).parents[2] / "python/sparkstack/recipe/vllm_serve_flags.json").read_text())
+    assert recorded["vllm"] == judged["vllm"].split("+")[0]
+    only_recorded, only_vllm = set(recorded["flags"]) - set(judged["flags"]), set(judged["flags"]) - set(recorded["flags"])
+    assert not only_recorded and not only_vllm, (sorted(only_recorded), sorted(only_vllm))
+    assert recorded["flags"] == judged["flags"]
+
+
+def test_the_recorded_flags_read_each_spelling_as_vllm_serve_does(judged):
+    """A recipe's arg is refused at plan exactly when `vllm serve` would refuse it 15 minutes into a boot."""
+    from sparkstack.recipe.engine_flags import serve_flags
+
+    flags = serve_flags()
+    ours = [flags.problem(tail[0]) is None for tail in SPELLINGS]
+    assert ours == judged["spellings"], [(t, o, v) for t, o, v in zip(SPELLINGS, ours, judged["spellings"]) if o != v]
+    assert True in ours and False in ours  # the list holds both kinds

@@ -14,6 +14,9 @@ from sparkstack.launch.timeline import message
 
 LINES = {line.key: line for line in BOOT_LINES}
 FATAL = [line.key for line in BOOT_LINES if line.kind == "fatal"]
+# Phases count from the container's State.StartedAt, which dockerd records after the runtime has started the
+# process: on CI's loaded two cores that stamp came 0.18 s after the stand-in's first sleep began.
+STARTED_AT_LAG = 0.3
 MEASURED_BYTES, MEASURED_TOKENS = 10247694336, 989727  # the recipe's [kv] point: the measured GB10 boot
 
 
@@ -33,7 +36,7 @@ CONFIRMED = [
     "(Worker_TP0 pid=1) INFO 05-01 10:00:00 [breakable_cudagraph.py:1] Breakable CUDA graph enabled",
 ]
 HEAD_SCRIPT = [
-    [0.4, vllm("loading-weights")],
+    [0.8, vllm("loading-weights")],
     *[[0.0, line] for line in CONFIRMED],  # after the first phase: its lower bound is the first delay alone
     [0.1, vllm("model-loading")],
     [0.4, vllm("kv-memory", kv_gib="9.54")],
@@ -44,7 +47,7 @@ HEAD_SCRIPT = [
     [0.2, f"(APIServer pid=1) INFO:     {LINES['api-ready'].line()}"],
 ]
 WORKER_SCRIPT = [
-    [0.3, f"INFO 05-01 10:00:00 [gpu_model_runner.py:1] {LINES['model-loading-older'].line()}"],  # an older build
+    [0.6, f"INFO 05-01 10:00:00 [gpu_model_runner.py:1] {LINES['model-loading-older'].line()}"],  # an older build
     [0.3, vllm("kv-memory", proc="Worker_TP1", kv_gib="5.12")],
     [0.1, f"(Worker_TP1 pid=7) WARNING 05-01 10:00:00 [shm_broadcast.py:466] {LINES['shm-broadcast-wait'].line()}"],
     [0.3, vllm("graphs-captured", proc="Worker_TP1")],
@@ -79,7 +82,7 @@ def test_launch_all_and_status_show_each_ranks_timeline_and_the_pool(launch_worl
             times = list(rank["phases"].values())
             assert times == sorted(times)
             for phase, least in lower_bounds(script).items():
-                assert rank["phases"][phase] >= least - 0.01, (phase, rank["phases"])  # docker stamps: ms rounding
+                assert rank["phases"][phase] >= least - STARTED_AT_LAG, (phase, rank["phases"])
         assert (head["kv_available_gib"], head["kv_cache_tokens"], head["max_concurrency"]) == (9.54, 989727, 1.89)
         assert worker["kv_available_gib"] == 5.12 and worker["fatal"] is None
         assert [w["key"] for w in worker["warnings"]] == ["shm-broadcast-wait"]  # reported; the launch went on

@@ -15,19 +15,26 @@ def _first(*imports):
     return None
 
 
-def parser():
+def parser(allow_abbrev=False):
     make = _first(("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
                   ("vllm.entrypoints.openai.cli_args", "make_arg_parser"))
     flexible = _first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"), ("vllm.utils", "FlexibleArgumentParser"))
     if make is None or flexible is None:
         return None
-    p = make(flexible(allow_abbrev=False))
+    p = make(flexible(allow_abbrev=allow_abbrev))
 
     def error(message):
         raise Refused(message)
 
     p.error = error  # argparse reports unknown options and bad choices through error(): one line, no exit
     return p
+
+
+def option_kinds():
+    """Every long option string of `vllm serve`, and what follows it: "switch" (nothing), "optional" (a value
+    or nothing) or "value". checks/tools/record_vllm_flags.py records this for dry runs with no image."""
+    kinds = {0: "switch", "?": "optional"}
+    return {s: kinds.get(a.nargs, "value") for a in parser()._actions for s in a.option_strings if s.startswith("--")}
 
 
 def registered(kind):

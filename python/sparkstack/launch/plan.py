@@ -25,19 +25,17 @@ GENERATED_FLAGS = ("--served-model-name", "--host", "--port", "--trust-remote-co
                    "--distributed-executor-backend", "--nnodes", "--node-rank", "--master-addr", "--master-port",
                    "--headless")
 BARE_FLAGS = {"--trust-remote-code", "--headless"}
-# Knobs that set one engine flag in the recipe's args: (flag, aliases, insert-after anchor).
+# Knobs that set one engine flag in the recipe's args: (flag, insert-after anchor).
 VALUE_KNOBS = {
-    "MAX_MODEL_LEN": ("--max-model-len", (), None),
-    "MAX_NUM_SEQS": ("--max-num-seqs", (), None),
-    "MAX_NUM_BATCHED_TOKENS": ("--max-num-batched-tokens", (), None),
-    "MOE_BACKEND": ("--moe-backend", (), None),
-    "GPU_MEM_UTIL": ("--gpu-memory-utilization", (), None),
-    # The seed launcher wrote --kv-cache-memory, which vLLM takes only as argparse's abbreviation of
-    # --kv-cache-memory-bytes: launch writes the full name (vLLM's own parser with abbreviations off judges it).
-    "KV_CACHE_MEMORY": ("--kv-cache-memory-bytes", ("--kv-cache-memory",), "--kv-cache-dtype"),
+    "MAX_MODEL_LEN": ("--max-model-len", None),
+    "MAX_NUM_SEQS": ("--max-num-seqs", None),
+    "MAX_NUM_BATCHED_TOKENS": ("--max-num-batched-tokens", None),
+    "MOE_BACKEND": ("--moe-backend", None),
+    "GPU_MEM_UTIL": ("--gpu-memory-utilization", None),
+    # The seed launcher wrote --kv-cache-memory, argparse's abbreviation of --kv-cache-memory-bytes: a loaded
+    # recipe's args are spelled out (recipe/engine_flags.py), as the image's gate, abbreviations off, wants them.
+    "KV_CACHE_MEMORY": ("--kv-cache-memory-bytes", "--kv-cache-dtype"),
 }
-# Abbreviations recipes in the seed's shape carry, and the option vLLM means by each: written in full.
-FULL_NAMES = {"--kv-cache-memory": "--kv-cache-memory-bytes"}
 
 
 @dataclass(frozen=True)
@@ -112,12 +110,12 @@ def _after(args: list[str], anchor: str | None) -> int:
 
 def tail_args(recipe: Recipe, knobs: Knobs, drafter_path: str | None) -> list[str]:
     """The recipe's args with generated flags removed and the active knobs applied in place."""
-    args = [FULL_NAMES.get(a, a) for a in recipe.args]
+    args = list(recipe.args)
     _strip_flag(args, GENERATED_FLAGS + ("--load-format",) if "LOAD_FORMAT" in knobs.active else GENERATED_FLAGS)
-    for knob, (flag, aliases, anchor) in VALUE_KNOBS.items():
+    for knob, (flag, anchor) in VALUE_KNOBS.items():
         if knob not in knobs.active:
             continue
-        at = _strip_flag(args, (flag,) + aliases)
+        at = _strip_flag(args, (flag,))
         value = knobs[knob]
         if value == "":  # set but empty: drop the flag
             continue

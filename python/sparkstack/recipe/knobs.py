@@ -58,11 +58,10 @@ VALUE_FLAGS: dict[str, Kind] = {
     "--distributed-executor-backend": word, "--nnodes": count, "--node-rank": node_rank, "--master-addr": host,
     "--master-port": port, "--load-format": word, "--max-model-len": count, "--max-num-seqs": count,
     "--max-num-batched-tokens": count, "--moe-backend": word, "--gpu-memory-utilization": fraction,
-    "--kv-cache-memory": byte_count, "--kv-cache-memory-bytes": byte_count, "--kv-cache-dtype": word,
+    "--kv-cache-memory-bytes": byte_count, "--kv-cache-dtype": word,
     "--block-size": count, "--speculative-config": spec_json, "--tool-call-parser": not_a_flag,
     "--reasoning-parser": not_a_flag,
 }
-SAME_FLAG = {"--kv-cache-memory-bytes": "--kv-cache-memory"}  # vLLM's abbreviation: one flag, two spellings
 
 # [[nodes]] keys filled per rank, the kind of the filled value, and the placeholders they may use.
 NODE_KINDS: dict[str, Kind] = {"ssh": ssh_target, "fabric_ip": ipv4, "nic": nic, "hca": hca, "docker_host": token}

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from sparkstack import shipped
 from sparkstack.errors import SparkstackError
+from sparkstack.recipe.engine_flags import serve_flags
 from sparkstack.recipe.knobs import (
-    CACHE_NAME_KNOBS, ENV_KNOBS, KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, PLACEHOLDERS, RECIPE_ONLY_ENV, SAME_FLAG,
+    CACHE_NAME_KNOBS, ENV_KNOBS, KNOB_DEFAULTS, KNOB_KINDS, NODE_KINDS, PLACEHOLDERS, RECIPE_ONLY_ENV,
     VALUE_FLAGS,
 )
 from sparkstack.recipe.values import (
@@ -224,13 +225,24 @@ def unquote_arg(where: str, arg: object) -> str:
 
 
 def check_args(where: str, raw: list) -> tuple[str, ...]:
-    """Unquote the args; every known value flag appears once, with a value of its kind.
+    """Unquote the args; each flag is one the pinned vLLM's `vllm serve` takes, written out in full; every known
+    value flag appears once, with a value of its kind.
 
     `--flag=value` of a known flag is split in two, so a knob finds and replaces it.
     """
+    engine = serve_flags()
     args: list[str] = []
+    value_next = False
     for a in raw:
         a = unquote_arg(where, a)
+        if a.startswith("--") and not value_next:
+            # a typo'd flag fails a real boot 15 minutes in; the recorded parser catches it here
+            if problem := engine.problem(a):
+                raise SparkstackError(f"{where}: {problem}")
+            value_next = engine.takes_value(a)
+            a = engine.spelled_out(a)
+        else:
+            value_next = False
         flag, eq, value = a.partition("=")
         args += [flag, value] if eq and flag in VALUE_FLAGS else [a]
     seen: set[str] = set()
@@ -240,10 +252,9 @@ def check_args(where: str, raw: list) -> tuple[str, ...]:
         if flag not in VALUE_FLAGS:
             i += 1
             continue
-        same = SAME_FLAG.get(flag, flag)
-        if same in seen:
+        if flag in seen:
             raise SparkstackError(f"{where}: {flag} appears twice in args")
-        seen.add(same)
+        seen.add(flag)
         if i + 1 == len(args):
             raise SparkstackError(f"{where}: {flag} is the last arg and has no value")
         if args[i + 1].startswith("-"):
