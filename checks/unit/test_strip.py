@@ -200,6 +200,30 @@ def test_index_only_keeps_shards_and_warns(cache, run_cli):
     assert set(wm) == MAIN_KEYS
 
 
+def test_index_only_dry_run_counts_what_it_takes_out_of_the_index(cache, run_cli):
+    """The dry run says how many MTP tensors leave the index, the count the real run then takes out."""
+    entry, _ = cache
+    text = run_cli("strip", entry, "--index-only", "--dry-run", check=0).stdout
+    assert f"MTP tensors: {len(MTP_KEYS)} (out of the index; the shards keep them)" in text
+    doc = json.loads(run_cli("strip", entry, "--index-only", "--dry-run", "--json", check=0).stdout)
+    assert (doc["mtp_tensors"], doc["mtp_tensors_removed_from"]) == (len(MTP_KEYS), "index")
+    assert all(s["action"] == "link" for s in doc["shards"])
+    run_cli("strip", entry, "--index-only", check=0)
+    snap = entry.with_name(entry.name + "-no-MTP") / "snapshots" / synth.REVISION
+    src_wm = json.loads((entry / "snapshots" / synth.REVISION / "model.safetensors.index.json").read_text())["weight_map"]
+    out_wm = json.loads((snap / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(src_wm) - len(out_wm) == len(MTP_KEYS)
+
+
+def test_a_file_for_src_is_called_a_file(tmp_path, run_cli):
+    shard = tmp_path / "model.safetensors"
+    shard.write_bytes(b"not a dir")
+    proc = run_cli("strip", shard, check=1)
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert f"{shard}: is a file; give the model's directory" in proc.stderr and str(tmp_path) in proc.stderr
+    assert "no such directory" in run_cli("strip", tmp_path / "absent", check=1).stderr
+
+
 def test_unindexed_shard_is_stripped_too(tmp_path, run_cli):
     """vLLM globs *.safetensors, so a shard the index forgets still gets its MTP tensors removed."""
     flat = tmp_path / "model"

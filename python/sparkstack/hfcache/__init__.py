@@ -24,6 +24,7 @@ from sparkstack import fsio
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import probe
 from sparkstack.safetensors_header import read_header
+from sparkstack.text import printable
 
 # A revision is a git commit hash; a small file's blob is named by its git blob sha1, of the same form; an LFS
 # file's blob by its sha256. refs/main is read by hand (it is one line) rather than through
@@ -78,8 +79,12 @@ def _is_cache_entry(path: Path) -> bool:
 def resolve_source(path: str | os.PathLike) -> ModelSource:
     """Work out what SRC is: a cache entry (at refs/main), one snapshot of it, or a flat model dir."""
     p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        what = "a file" if p.is_file() else "not a directory"
+        raise SparkstackError(f"{printable(p)}: is {what}; give the model's directory (a cache entry models--ORG--NAME, "
+                              f"one of its snapshots, or a dir holding config.json), such as {printable(p.parent)}")
     if not p.is_dir():
-        raise SparkstackError(f"{p}: no such directory")
+        raise SparkstackError(f"{printable(p)}: no such directory")
     if _is_cache_entry(p):
         repo_id_from_folder(p.name)
         revision = read_ref(p)

@@ -71,7 +71,8 @@ def summary(p: Plan) -> Summary:
         return Summary(UP_TO_DATE, f"{served} @ {(s.dest.revision or '')[:12]}: stripped from these shards already",
                        0, outputs)
     rewrite = sum(1 for sh in s.shards if sh.action == "rewrite")
-    return Summary(WILL_RUN, f"{len(s.mtp_keys)} MTP tensors out of {rewrite} shards into {served} "
+    out_of = "the index (shards linked as they are)" if s.index_only else f"{rewrite} shards"
+    return Summary(WILL_RUN, f"{len(s.mtp_keys)} MTP tensors out of {out_of} into {served} "
                    f"(writes {human_bytes(s.bytes_to_write)}, frees {human_bytes(s.bytes_freed)})",
                    s.bytes_to_write, outputs)
 

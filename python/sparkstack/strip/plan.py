@@ -75,9 +75,13 @@ class StripPlan:
     fingerprint: str
     up_to_date: bool
     warnings: tuple[str, ...]
+    unindexed: tuple[str, ...] = ()  # --index-only: the MTP tensors the new index leaves out (the shards keep them)
 
     @property
     def mtp_keys(self) -> tuple[str, ...]:
+        """The MTP tensors the output no longer serves: out of the shards, or under --index-only out of the index."""
+        if self.index_only:
+            return self.unindexed
         return tuple(sorted(k for s in self.shards for k in s.dropped))
 
     @property
@@ -102,6 +106,7 @@ class StripPlan:
             "num_hidden_layers": self.num_layers,
             "num_hidden_layers_from": self.num_layers_source,
             "mtp_tensors": len(keys),
+            "mtp_tensors_removed_from": "index" if self.index_only else "shards",
             "mtp_sample_keys": list(keys[:SAMPLE_KEYS]),
             "shards": [
                 {"file": s.relpath, "action": s.action, "kept": len(s.kept), "dropped": len(s.dropped),
@@ -212,6 +217,9 @@ def plan_strip(source: ModelSource, dest_root: Path, index_only: bool = False) -
         dropped = {t.name for _, h in shards for t in h.tensors if is_mtp_key(t.name, layers.value)}
         warnings.append("--index-only: this vLLM build loads every *.safetensors file it finds, "
                         "so MTP tensors left in the shards will still be loaded")
+        if dropped and not has_index:
+            warnings.append(f"--index-only: there is no {INDEX_NAME} to take the {len(dropped)} MTP tensors out of; "
+                            "only config.json changes")
     if not dropped:
         warnings.append("no MTP tensors found; the output differs from the source only in config.json")
     outside = numbered_outside_text_stack((t.name for _, h in shards for t in h.tensors), layers.value)
@@ -238,6 +246,7 @@ def plan_strip(source: ModelSource, dest_root: Path, index_only: bool = False) -
         shards=shard_plans, new_files=tuple(new_files), carried=carried,
         fingerprint=fingerprint, up_to_date=is_up_to_date(dest, fingerprint, source.at_main),
         warnings=tuple(warnings),
+        unindexed=tuple(sorted(dropped & weight_map.keys())) if index_only else (),
     )
 
 
@@ -310,7 +319,7 @@ def plan_lines(plan: StripPlan) -> list[str]:
     lines.append(f"dest:   {plan.dest.root}" + (" (up to date)" if plan.up_to_date else ""))
     lines.append(f"num_hidden_layers: {plan.num_layers} ({plan.num_layers_source})")
     keys = plan.mtp_keys
-    lines.append(f"MTP tensors: {len(keys)}")
+    lines.append(f"MTP tensors: {len(keys)}" + (" (out of the index; the shards keep them)" if plan.index_only else ""))
     for k in keys[:8]:
         lines.append(f"  {k}")
     if len(keys) > 8:
