@@ -173,8 +173,12 @@ def test_the_entry_and_its_errors():
     entry = kv_boot_entry(measure_log(LOG_0_32, "head.log"), "2026-12-05")
     assert entry == KvBoot(989_727, PIN, "pin", "head.log", "2026-12-05", "0.32.0", None)
     no_bytes = measure_log(LOG_0_13.replace("'kv_cache_memory_bytes': 10247694336, ", ""), "x.log")
-    with pytest.raises(SparkstackError, match="pool's bytes are unknown"):
+    with pytest.raises(SparkstackError, match="never stated its KV pool's bytes") as refused:
         kv_boot_entry(no_bytes, "2026-12-05")
+    # what the user can do: pin the pool, or hand over the whole log (a --tail loses the profiling line)
+    assert "KV_CACHE_MEMORY=" in str(refused.value) and "not a --tail" in str(refused.value)
+    line = calibrate(shipped_plan(), no_bytes).lines()[1]
+    assert line.startswith("measured: ") and "never stated" in line and "KV_CACHE_MEMORY=" in line
 
 
 @pytest.fixture

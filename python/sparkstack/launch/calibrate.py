@@ -152,6 +152,12 @@ def read_boot_file(path: Path) -> BootMeasure:
     return measure_log(text, str(path))
 
 
+# Why a boot's pool has no bytes, and the two ways to get them: what a user can act on.
+UNSTATED_POOL = ("its argv pins no --kv-cache-memory-bytes and its log holds no `Available KV cache memory: N GiB` "
+                 "line; boot with a pin (KV_CACHE_MEMORY=BYTES), or give the head's whole `docker logs` from the "
+                 "boot's start, not a --tail")
+
+
 @dataclass(frozen=True)
 class Calibration:
     """The plan's arithmetic (recipe/kv.py, at the plan's pin) beside a boot's measurement."""
@@ -195,7 +201,7 @@ class Calibration:
             plan = (f"plan:     {p.kv_bytes:,} B / {p.per_token_bytes:,.2f} B per token = {p.tokens:,} tokens "
                     "(the recipe's arithmetic)")
         if m.pool_bytes is None:
-            pool = "a pool of unknown bytes (no pin in the argv, no `Available KV cache memory` line)"
+            pool = f"a pool of bytes this boot never stated ({UNSTATED_POOL})"
         elif m.pool == POOL_PIN:
             pool = f"a pool of {m.pool_bytes:,} B (the argv's pin, exact) = {m.per_token_bytes:,.2f} B per token"
         else:
@@ -222,7 +228,7 @@ def kv_boot_entry(measured: BootMeasure, date: str) -> KvBoot:
     """What `--write` records in the recipe's [kv.boot]; `date` is the day of the calibration (YYYY-MM-DD)."""
     m = measured.require()
     if m.pool_bytes is None:
-        raise SparkstackError(f"{m.source}: the pool's bytes are unknown (no pin in the argv and no `Available KV "
-                              "cache memory` line): nothing to calibrate against")
+        raise SparkstackError(f"{m.source}: nothing to calibrate against: the boot never stated its KV pool's bytes "
+                              f"({UNSTATED_POOL})")
     return KvBoot(tokens=m.tokens, pool_bytes=m.pool_bytes, pool=m.pool, source=m.source, date=date,
                   vllm_version=m.vllm_version, image_id=m.image_id)
