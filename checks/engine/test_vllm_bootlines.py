@@ -34,6 +34,7 @@ EXPECT = (
     Expect("Loading weights took", "loading-weights"),
     Expect("Model loading took", "model-loading"),  # or -older: both are "weights loaded"
     Expect("Available KV cache memory", "kv-memory", ("kv_gib",)),
+    Expect("as specified by kv_cache_memory_bytes", "kv-memory-pinned", ("kv_gib",), absent_in=("0.10.0",)),
     Expect("GiB for KV cache on node", "kv-memory-cpu", ("kv_gib",), absent_in=OLDER),  # the CPU worker
     Expect("KV cache size:", "kv-tokens", ("kv_tokens",)),
     Expect("Maximum concurrency for", "max-concurrency", ("concurrency",)),

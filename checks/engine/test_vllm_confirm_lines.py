@@ -60,6 +60,21 @@ def test_kv_cache_size_is_read_from_vllms_own_line():
         assert judged.status == "seen", f.text()
 
 
+@pytest.mark.parametrize("needle, values", [
+    ("Available KV cache memory", ("9.54",)),  # a profiled pool
+    ("as specified by kv_cache_memory_bytes", ("110.21", "9.54")),  # a pinned one: initial free, then reserved
+])
+def test_the_kv_pools_gib_is_read_from_vllms_own_lines_and_judged_within_one_percent(needle, values):
+    found = [f for f in find_strings(installed_root(), needle) if f.level != "raise"]
+    assert found and all(f.file == "v1/worker/gpu_worker.py" for f in found), [f.file for f in found]
+    pin = Expected("kv-cache-memory", "9.54", "", "fail", within=0.0954)  # 1% of 10,247,694,336 B = 9.5439 GiB
+    for f in found:
+        (judged,) = judge((pin,), head_log(fill(f.template, *values), f.file))
+        assert judged.status == "seen" and "9.54 GiB" in judged.line, f"{f.file}:{f.line}: {f.template!r}"
+        (off,) = judge((pin,), head_log(fill(f.template, *values[:-1], "9.44"), f.file))
+        assert off.status == "differs", f"{f.file}:{f.line}"
+
+
 def test_the_modelopt_line_is_the_blogs_image_s_not_vllm_032s():
     """The blog's `Detected ModelOpt NVFP4 checkpoint` line comes from its older image: 0.32 has no such string.
     The recipe still expects it of the image it runs; this says where the format comes from."""

@@ -26,6 +26,10 @@ BLOG = {
                          "of potential backends: ['MARLIN', 'FLASHINFER_CUTLASS']",
     "eagle3-aux-layers": "(Worker_TP0 pid=312) INFO 11-29 10:00:03 [eagle3_utils.py:27] Using Eagle3 auxiliary layers "
                          "from config: (6, 15, 25, 34, 43)",
+    # 0.32's GPU worker under a pin: it reserves the pin and skips profiling (gpu_worker.py), 10,247,694,336 B = 9.54
+    "kv-cache-memory": "(Worker_TP0 pid=312) INFO 11-29 10:00:04 [gpu_worker.py:668] Initial free memory 110.21 GiB, "
+                       "reserved 9.54 GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped "
+                       "memory profiling.",
     "kv-cache-size": "(EngineCore_DP0 pid=250) INFO 11-29 10:00:04 [kv_cache_utils.py:1290] GPU KV cache size: 989,727 "
                      "tokens",
     "breakable-cuda-graph": "(Worker_TP0 pid=312) INFO 11-29 10:00:05 [breakable_cudagraph.py:294] Breakable CUDA graph "
@@ -99,9 +103,79 @@ def test_graph_lines_are_expected_only_while_eager_is_off(hf_home):
     assert [e.key for e in expected(hf_home, "glm53-flash-dflash2-mxfp8")] == ["eagle3-aux-layers", "kv-cache-size"]
 
 
+# ---- the figures, judged by value: the blog's 989,727 tokens and 9.54 GiB at the shipped pin
+
+def _with(key: str, old: str, new: str) -> str:
+    assert old in BLOG[key]
+    return log({**BLOG, key: BLOG[key].replace(old, new)})
+
+
+def _judged(hf_home, text: str, **env) -> dict:
+    return {c.expected.key: c for c in judge(expected(hf_home, **env), text)}
+
+
+def test_the_pins_tokens_and_gib_are_the_blogs(hf_home):
+    by = {e.key: e for e in expected(hf_home)}
+    assert by["kv-cache-size"].value == "989,727" and by["kv-cache-size"].within == 2304  # --block-size 2304
+    assert by["kv-cache-memory"].value == "9.54"  # 10,247,694,336 B / 2**30 = 9.5439
+    judged = _judged(hf_home, log(BLOG))
+    assert judged["kv-cache-size"].verdict == judged["kv-cache-memory"].verdict == "pass"
+
+
+@pytest.mark.parametrize("tokens, status", [
+    ("989,727", "seen"), ("992,031", "seen"), ("987,423", "seen"),  # one 2304-token block either way
+    ("992,032", "differs"), ("987,422", "differs"),  # a token past one block
+    ("481,488", "differs"),  # the blog's unpinned 0.89 boot: not this pin's pool
+])
+def test_kv_tokens_are_judged_within_one_block_of_the_plan(hf_home, tokens, status):
+    c = _judged(hf_home, _with("kv-cache-size", "989,727", tokens))["kv-cache-size"]
+    assert c.status == status and c.verdict == ("pass" if status == "seen" else "fail")
+
+
+@pytest.mark.parametrize("gib, status", [
+    ("9.54", "seen"), ("9.45", "seen"), ("9.63", "seen"),  # within 1% of 9.5439 GiB: 9.4485 to 9.6394
+    ("9.44", "differs"), ("9.64", "differs"), ("4.6", "differs"),  # the blog's self-profiled ~4.6 GiB
+])
+def test_kv_gib_is_judged_within_one_percent_of_the_pin(hf_home, gib, status):
+    c = _judged(hf_home, _with("kv-cache-memory", "reserved 9.54 GiB", f"reserved {gib} GiB"))["kv-cache-memory"]
+    assert c.status == status
+
+
+def test_an_older_builds_available_line_is_the_pool_too(hf_home):
+    older = "(Worker_TP0 pid=312) INFO 11-29 10:00:04 [gpu_worker.py:276] Available KV cache memory: 9.54 GiB"
+    assert _judged(hf_home, log({**BLOG, "kv-cache-memory": older}))["kv-cache-memory"].status == "seen"
+
+
+def test_another_pin_moves_both_figures(hf_home):
+    # 8 GiB: 8,589,934,592 B x 989,727 / 10,247,694,336 B = 829,619.8 tokens
+    by = {e.key: e for e in expected(hf_home, KV_CACHE_MEMORY="8589934592")}
+    assert by["kv-cache-size"].value == "829,619" and by["kv-cache-memory"].value == "8.00"
+    assert _judged(hf_home, log(BLOG), KV_CACHE_MEMORY="8589934592")["kv-cache-size"].verdict == "fail"
+
+
+def test_without_a_pin_any_figure_is_the_profilers(hf_home):
+    by = {e.key: e for e in expected(hf_home, KV_CACHE_MEMORY="")}
+    assert by["kv-cache-size"].value is None and by["kv-cache-memory"].value is None
+    judged = _judged(hf_home, _with("kv-cache-size", "989,727", "481,488"), KV_CACHE_MEMORY="")
+    assert judged["kv-cache-size"].verdict == "pass"
+
+
+def test_a_figure_off_its_value_is_shown_with_what_was_expected_and_why(hf_home):
+    text = _with("kv-cache-size", "989,727", "481,488")
+    lines = status_lines([], _record(hf_home, text))
+    (line,) = [x for x in lines if "differs" in x]
+    assert line.startswith("  fail  differs: expected GPU KV cache size: 989,727 tokens (the KV plan: "
+                           "10,247,694,336 B at 10,354.06 B per token, within one 2304-token block")
+    assert "481,488 tokens" in line
+    by = {r.check: r for r in record_results(_record(hf_home, text), "http://127.0.0.1:8888")}
+    assert by["boot-lines"].status == "fail" and "the boot says" in by["boot-lines"].detail
+    warned = {r.check: r for r in record_results(_record(hf_home, text, "warn"), "http://127.0.0.1:8888")}
+    assert warned["boot-lines"].status == "warn"
+
+
 def _record(hf_home, boot_text: str, missing: str = "fail", port: int = 8888) -> dict:
     exp = expected(hf_home)
-    exp = tuple(type(e)(e.key, e.value, e.text, missing, e.derived) for e in exp)
+    exp = tuple(type(e)(e.key, e.value, e.text, missing, e.derived, e.within) for e in exp)
     return {"id": "run1", "api_port": port, "model": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "served_name": "glm",
             "drafter": {"repo": "incoai/GLM-5.3-Flash-DFlash2", "licence": "CC BY-NC-ND 4.0"},
             "boot": {"port_open_s": 1, "health_s": 2, "ttft_s": 3, "timeline": [], "kv_pool": None,
@@ -111,9 +185,10 @@ def _record(hf_home, boot_text: str, missing: str = "fail", port: int = 8888) ->
 def test_status_marks_each_expected_line_seen_or_missing(hf_home):
     record = _record(hf_home, log({k: v for k, v in BLOG.items() if k != "breakable-cuda-graph"}))
     lines = status_lines([], record)
-    assert "  missing  Breakable CUDA graph enabled (verify: fail)" in lines
-    seen = [line for line in lines if line.startswith("  seen     ")]
-    assert len(seen) == 5 and "  seen     Using Eagle3 auxiliary layers from config: (6, 15, 25, 34, 43)" in seen
+    assert "  fail  missing: Breakable CUDA graph enabled" in lines
+    seen = [line for line in lines if line.startswith("  pass  seen: ")]
+    assert len(seen) == len(BLOG) - 1
+    assert "  pass  seen: Using Eagle3 auxiliary layers from config: (6, 15, 25, 34, 43)" in seen
 
 
 @pytest.mark.parametrize("missing", ["fail", "warn"])

@@ -1,10 +1,8 @@
-"""Seed 001 (the blog's MXFP8 recipe) against the shipped recipe, field by field. Every difference is either gone
-or listed below with its reason.
-
-Seed 001's own text is not in this repository. SEED is its content as it was recorded when this project began (its
-keys, args, speculative config and env), plus `--served-model-name glm53`, which issue 29 quotes from it; the values of `docker_image` and
-`docker_image_dir` are not recorded anywhere here, so the seed below has the keys' names only (that record lists
-them without values). Loaded as a recipe, it must give what the seed serves: the name glm53."""
+"""Seed 001 (the blog's MXFP8 recipe) against the shipped recipe, field by field and comment by comment, read from
+the seed's own text: ../shared/seeds/001-mxfp8-recipe.toml.txt beside this checkout (its first line is its path in
+the seed's tree). Never against a copy of ours. Every field the seed has is the shipped recipe's, equal; every
+field the shipped recipe adds is listed below with its reason; every comment line of the seed is in the shipped
+recipe, in the seed's order. Without shared/ beside the checkout, these skip and say why."""
 
 import json
 import tomllib
@@ -17,85 +15,72 @@ from sparkstack.launch.plan import plan_launch_from_recipe
 from sparkstack.recipe import load_recipe
 
 SHIPPED = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-mxfp8/recipe.toml"
-UNKNOWN = object()  # a value the seed has that this repository does not record
+SEED_FILE = Path(__file__).resolve().parents[3] / "shared/seeds/001-mxfp8-recipe.toml.txt"
+SEED_PATH = "launcher/recipes/glm53-flash-dflash2-mxfp8/recipe.toml"  # the seed's first line: where it lived
 
-SEED = {
-    "engine": "vllm",
-    "name": "glm53-flash-dflash2-mxfp8",
-    "docker_image": UNKNOWN,
-    "docker_image_dir": UNKNOWN,
-    "model": "local-inference-lab/GLM-5.3-Flash-NVFP4",
-    "required_nodes": 2,
-    "tensor_parallel_size": 2,
-    "pipeline_parallel_size": 1,
-    "distributed_backend": "mp",
-    "shm_size": "32gb",
-    "args": [
-        "--served-model-name", "glm53",
-        "--gpu-memory-utilization", "0.82", "--kv-cache-memory-bytes", "10737418240", "--kv-cache-dtype", "fp8_ds_mla",
-        "--block-size", "256", "--max-model-len", "524288", "--max-num-seqs", "8", "--max-num-batched-tokens", "4096",
-        "--enable-chunked-prefill", "--async-scheduling", "--enable-prefix-caching", "--disable-custom-all-reduce",
-        "--language-model-only", "--load-format", "instanttensor", "--enforce-eager",
-        "--speculative-config", "'" + json.dumps({"method": "dflash", "model": "local-inference-lab/GLM-5.3-Flash-DFlash2-MXFP8",
-                                                  "num_speculative_tokens": 7, "kv_cache_dtype": "auto"},
-                                                 separators=(",", ":")) + "'",
-        "--tool-call-parser", "glm47", "--enable-auto-tool-choice", "--reasoning-parser", "glm45",
-    ],
-    "env": {"HF_HUB_OFFLINE": "1", "VLLM_MLA_NOPE_PAD_ROPE": "1", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
-            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_USE_AOT_COMPILE": "0",
-            "TORCH_USE_RTLD_GLOBAL": "1", "VLLM_NO_USAGE_STATS": "1", "TORCH_CUDA_ARCH_LIST": "12.1a",
-            "FLASHINFER_CUDA_ARCH_LIST": "12.1f", "CUTE_DSL_ARCH": "sm_121a", "CMAKE_CUDA_ARCHITECTURES": "121",
-            "OMP_NUM_THREADS": "4"},
-}
-
-# Every field of the shipped recipe that is not the seed's, and why. A field the seed has must be equal, or here.
-DIFFERENCES = {
-    "docker_image": "the seed's value is not recorded in this repository; launch runs the IMAGE it is given (the "
-                    "built image's tag), so this name only matters to a user's own `docker build`",
-    "docker_image_dir": "as docker_image: the seed's value is not recorded here, and sparkstack builds no Dockerfile",
+# Every field the shipped recipe has beyond the seed's, and why. None replaces a field of the seed's.
+ADDITIONS = {
     "model_revision": "sparkstack's: the hub commit fetch pins, so that both ranks serve the same bytes",
+    "gpu_memory_gib": "sparkstack's: what preflight's free-memory check measures against; 121.63, the seed's own "
+                      "GB10 figure (its --gpu-memory-utilization comment)",
     "status": "sparkstack's: launch refuses a blocked recipe unless --force",
-    "blocked_reason": "sparkstack's: why it is blocked on GB10 (the drafter's KV page is no multiple of the MLA page)",
+    "blocked_reason": "sparkstack's: the seed's STATUS block (BLOCKED on GB10) as one line launch prints",
     "serves_mtp": "sparkstack's: the seed serves the checkpoint unstripped on purpose; this says so",
     "serves_mtp_reason": "sparkstack's: why, for preflight's mtp-strip line",
     "drafter": "sparkstack's: the drafter repo fetch downloads, its pinned revision and its licence",
     "boot": "sparkstack's: the boot lines verify expects",
-    "kv": "sparkstack's: the page figures `plan kv` and preflight check",
+    "kv": "sparkstack's: the seed's MATH (page bytes per token) as figures `plan kv` and preflight check",
 }
 
 
-def test_seed_001_loaded_as_a_recipe_serves_as_glm53(tmp_path):
-    seed = tmp_path / "seed001.toml"
-    fields = {k: v for k, v in SEED.items() if v is not UNKNOWN}
-    body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in fields.items() if k != "env")
-    body += "\ndocker_image = \"seed-image-name-not-recorded\"\n[env]\n"
-    body += "\n".join(f"{k} = {json.dumps(v)}" for k, v in SEED["env"].items())
-    seed.write_text(body + "\n")
+@pytest.fixture(scope="module")
+def seed_text() -> str:
+    if not SEED_FILE.is_file():
+        pytest.skip(f"{SEED_FILE} is not beside this checkout: these compare the recipe with seed 001's own text")
+    first, text = SEED_FILE.read_text().split("\n", 1)
+    assert first == SEED_PATH
+    return text
+
+
+def comment_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
+
+
+def test_every_field_of_seed_001_is_the_shipped_recipes(seed_text):
+    seed, shipped = tomllib.loads(seed_text), tomllib.loads(SHIPPED.read_text())
+    differ = sorted(k for k in seed if shipped.get(k) != seed[k])
+    assert differ == [], {k: (seed[k], shipped.get(k)) for k in differ}
+    # the seed's display name, images and args as it writes them
+    assert shipped["name"] == "GLM-5.3-Flash + DFlash2 draft (vLLM, 2x Spark, spec-k7)"
+    assert (shipped["docker_image"], shipped["docker_image_dir"]) == ("glm53-flash-dflash2:local", "glm53-flash-dflash2")
+    assert sorted(set(shipped) - set(seed)) == sorted(ADDITIONS)
+
+
+def test_every_comment_of_seed_001_is_kept_in_its_order(seed_text):
+    shipped = comment_lines(SHIPPED.read_text())
+    at = 0
+    for line in comment_lines(seed_text):
+        assert line in shipped[at:], f"seed 001's comment is not in the recipe (after line {at}): {line!r}"
+        at = shipped.index(line, at) + 1
+
+
+def test_the_seeds_reasons_are_there_as_it_gives_them(seed_text):
+    """The facts issue 37 names, read from the seed, found in the recipe: the fork's reason and its paths forward."""
+    text = SHIPPED.read_text()
+    for fact in ("indexes_kv_by_block_stride, so unify PADS the strided pages instead", "on GB10's 121.63",
+                 "PATHS FORWARD", "give up — acceptance-rate comparison falls back to MTP"):
+        assert fact in seed_text and fact in text, fact
+
+
+def test_seed_001_as_written_loads_and_serves_as_glm53(seed_text, tmp_path):
+    seed = tmp_path / "recipe.toml"
+    seed.write_text(seed_text)
     for recipe in (seed, SHIPPED):
         plan = plan_launch_from_recipe(load_recipe(str(recipe)), {"HF_HOME": str(tmp_path)})
         argv = list(plan.ranks[0].engine_argv)
         assert argv[argv.index("--served-model-name") + 1] == "glm53" and argv.count("--served-model-name") == 1
-
-
-def test_the_shipped_recipe_is_seed_001_but_for_the_listed_differences():
-    shipped = tomllib.loads(SHIPPED.read_text())
-    unexplained = []
-    for key in sorted(set(SEED) | set(shipped)):
-        if key in DIFFERENCES:
-            continue
-        if key not in shipped or key not in SEED or SEED[key] != shipped[key]:
-            unexplained.append(key)
-    assert unexplained == [], f"fields that differ from seed 001 without a reason: {unexplained}"
-    # Each listed difference is a real one: a reason for a field that now matches is a stale reason.
-    stale = [k for k in DIFFERENCES if k in SEED and SEED[k] is not UNKNOWN and SEED[k] == shipped.get(k)]
-    assert stale == [] and all(k in shipped for k in DIFFERENCES)
-
-
-def test_the_recipe_keeps_seed_001s_investigation():
-    text = SHIPPED.read_text()
-    for what in ("--disable-hybrid-kv-cache-manager", '"kv_cache_dtype":"fp8"', "other target KV dtypes",
-                 "89 against eager's 92", "fork"):
-        assert what in text, what
+        # the seed's own copies of flags the launcher writes itself appear once, as the launcher writes them
+        assert argv.count("--trust-remote-code") == 1 and argv.count("--distributed-executor-backend") == 1
 
 
 @pytest.mark.parametrize("recipe", ["glm53-flash-dflash2-mxfp8"])

@@ -43,6 +43,12 @@ BOOT_LINES = (
              "Model loading took {gib} GiB and {seconds} seconds", phase="weights loaded"),
     BootLine("kv-memory", "phase", r"^Available KV cache memory: (?P<kv_gib>\d{1,6}(?:\.\d{1,6})?) GiB",
              "Available KV cache memory: {kv_gib} GiB", phase="KV profiled"),
+    # A pinned pool (--kv-cache-memory-bytes): the GPU worker skips profiling and says what it reserved instead.
+    BootLine("kv-memory-pinned", "phase",
+             r"^Initial free memory [\d.]+ ?GiB, reserved (?P<kv_gib>\d{1,6}(?:\.\d{1,6})?) GiB memory for KV Cache "
+             r"as specified by kv_cache_memory_bytes",
+             "Initial free memory 110.21 GiB, reserved {kv_gib} GiB memory for KV Cache as specified by "
+             "kv_cache_memory_bytes config and skipped memory profiling.", phase="KV profiled"),
     # CPU builds: the KV space VLLM_CPU_KVCACHE_SPACE set (or what the worker chose), where GPU builds profile it.
     BootLine("kv-memory-cpu", "phase",
              r"^(?:Explicitly|Auto) set \((?P<kv_gib>\d{1,6}(?:\.\d{1,6})?)/[\d.]+\) GiB for KV cache on node \d+",
@@ -149,6 +155,11 @@ CONFIRM = (
     ConfirmLine("eagle3-aux-layers", r"Using Eagle3 auxiliary layers from config: (?P<value>\([\d, ]*\))",
                 "Using Eagle3 auxiliary layers from config: {value}",
                 "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "Using Eagle3 auxiliary layers from config: ..."),
+    # The pool's GiB (format_gib: two decimals), as the worker says it reserved a pin or profiled the pool.
+    ConfirmLine("kv-cache-memory",
+                r"(?:Available KV cache memory: |GiB, reserved )(?P<value>\d{1,6}(?:\.\d{1,6})?) GiB",
+                "Available KV cache memory: {value} GiB", "vllm/v1/worker/gpu_worker.py",
+                "Available KV cache memory: ... GiB"),
     ConfirmLine("kv-cache-size", r"(?:\w+(?: \+ \w+)* )?KV cache size: (?P<value>\d{1,3}(?:,?\d{3}){0,5}) tokens",
                 "GPU KV cache size: {value} tokens", "vllm/v1/core/kv_cache_utils.py", "KV cache size: ... tokens"),
     ConfirmLine("breakable-cuda-graph", r"Breakable CUDA graph enabled\b", "Breakable CUDA graph enabled",

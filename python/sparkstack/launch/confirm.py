@@ -3,8 +3,10 @@ on the recipe, and judged against the head's log: each one seen, missing, or see
 derived.
 
 Derived: the Eagle3 aux layers from the drafter's config (as vLLM reads them), the NvFp4 MoE backend from the
-argv's --moe-backend, and the two graph lines only when the argv has no --enforce-eager (EAGER off). The one read
-is the drafter's config.json in the head's hub; judging is pure.
+argv's --moe-backend, the two graph lines only when the argv has no --enforce-eager (EAGER off), and under a KV pin
+the pool's GiB (within 1%) and its tokens (the KV plan's, within one block: vLLM counts whole blocks, the plan does
+not). The one read is the drafter's config.json in the head's hub; judging is pure. Each judged line gets
+preflight's words: pass when seen (with its value), else the recipe's `missing` (fail or warn).
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from dataclasses import dataclass
 
 from sparkstack.hfcache import snapshot_dir
 from sparkstack.launch.bootlines import CONFIRM
+from sparkstack.launch.kv import kv_inputs, plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan
+from sparkstack.recipe.kv import KvPlan
 from sparkstack.launch.timeline import message, split_stamp
 
 _BY_KEY = {c.key: c for c in CONFIRM}
+GIB = 2**30
+KV_GIB_WITHIN = 0.01  # the pool's GiB against the pin: vLLM prints two decimals of it
 
 
 @dataclass(frozen=True)
@@ -28,10 +34,19 @@ class Expected:
     text: str  # the line as it should read (its fixed part where the value is not decided)
     missing: str  # fail | warn: what verify makes of it missing
     derived: str = ""  # where the value came from, or why it could not be derived
+    within: float | None = None  # a number: how far the boot's may be from `value` and still be it
 
     def to_json(self) -> dict:
         return {"key": self.key, "expect": self.text, "value": self.value, "missing": self.missing,
-                "derived": self.derived}
+                "derived": self.derived, "within": self.within}
+
+    def takes(self, got: str | None) -> bool:
+        """Whether a matched line's value is the one expected."""
+        if self.value is None:
+            return True
+        if self.within is None or got is None:
+            return got == self.value
+        return abs(float(got.replace(",", "")) - float(self.value.replace(",", ""))) <= self.within
 
 
 def aux_layers(config: dict) -> tuple[int, ...] | None:
@@ -49,17 +64,30 @@ def aux_layers(config: dict) -> tuple[int, ...] | None:
     return tuple(ids)
 
 
-def expectations(keys: tuple[str, ...], missing: str, engine_argv: list[str],
-                 drafter_config: dict | None, drafter_note: str = "") -> tuple[Expected, ...]:
-    """The recipe's expected lines for this argv (pure). A graph line under --enforce-eager is left out."""
+def expectations(keys: tuple[str, ...], missing: str, engine_argv: list[str], drafter_config: dict | None,
+                 drafter_note: str = "", kv: KvPlan | None = None, block_size: int = 0) -> tuple[Expected, ...]:
+    """The recipe's expected lines for this argv and its KV plan (pure). A graph line under --enforce-eager is
+    left out."""
     eager = "--enforce-eager" in engine_argv
     out = []
     for key in keys:
         line = _BY_KEY[key]
         if line.graphs_only and eager:
             continue
-        value, derived = None, ""
-        if key == "eagle3-aux-layers":
+        value, derived, within = None, "", None
+        if key == "kv-cache-memory" and kv is not None and kv.kv_bytes is not None:
+            gib = kv.kv_bytes / GIB
+            value, within = f"{gib:.2f}", round(gib * KV_GIB_WITHIN, 4)
+            derived = f"the pin {kv.kv_bytes:,} B = {gib:.4f} GiB, within 1%"
+        elif key == "kv-cache-memory":
+            derived = "no KV pin: the profiler sizes the pool, any GiB"
+        elif key == "kv-cache-size" and kv is not None and kv.tokens is not None:
+            value, within = f"{kv.tokens:,}", float(block_size)
+            derived = (f"the KV plan: {kv.kv_bytes:,} B at {kv.per_token_bytes:,.2f} B per token, within one "
+                       f"{block_size}-token block (vLLM counts whole blocks)")
+        elif key == "kv-cache-size":
+            derived = "no KV pin (or no measured per-token cost): any tokens"
+        elif key == "eagle3-aux-layers":
             layers = aux_layers(drafter_config) if drafter_config is not None else None
             if layers is not None:
                 value, derived = str(layers), "the drafter's config"
@@ -71,7 +99,7 @@ def expectations(keys: tuple[str, ...], missing: str, engine_argv: list[str],
         text = line.sample.format(value=value) if value is not None else line.shown
         if key == "nvfp4-moe-backend" and value is not None:
             text = f"Using '{value}' NvFp4 MoE backend"
-        out.append(Expected(key, value, text, missing, derived))
+        out.append(Expected(key, value, text, missing, derived, within))
     return tuple(out)
 
 
@@ -93,7 +121,8 @@ def plan_expectations(plan: LaunchPlan) -> tuple[Expected, ...]:
     if not boot.expect:
         return ()
     config, note = drafter_config(plan) if "eagle3-aux-layers" in boot.expect else (None, "")
-    return expectations(boot.expect, boot.missing, list(plan.ranks[0].engine_argv), config, note)
+    return expectations(boot.expect, boot.missing, list(plan.ranks[0].engine_argv), config, note,
+                        plan_launch_kv(plan), kv_inputs(plan).block_size)
 
 
 @dataclass(frozen=True)
@@ -102,8 +131,13 @@ class Confirmed:
     status: str  # seen | missing | differs (the line is there with another value)
     line: str | None  # the message that matched, without vLLM's prefix
 
+    @property
+    def verdict(self) -> str:
+        """Preflight's word for it: pass when seen, else what the recipe makes of it (fail or warn)."""
+        return "pass" if self.status == "seen" else self.expected.missing
+
     def to_json(self) -> dict:
-        return {**self.expected.to_json(), "status": self.status, "line": self.line}
+        return {**self.expected.to_json(), "status": self.status, "verdict": self.verdict, "line": self.line}
 
 
 def judge(expected: tuple[Expected, ...], logs: str) -> tuple[Confirmed, ...]:
@@ -119,7 +153,7 @@ def judge(expected: tuple[Expected, ...], logs: str) -> tuple[Confirmed, ...]:
             if not m:
                 continue
             got, text = m.groupdict().get("value"), msg[m.start():]  # the line from where it starts matching
-            if e.value is None or got == e.value:
+            if e.takes(got):
                 found = (text, "seen")
                 break
             found = found or (text, "differs")
@@ -133,10 +167,15 @@ def confirm_lines(confirm: list[dict] | None) -> list[str]:
         return []
     lines = ["expected boot lines:"]
     for c in confirm:
+        word = c.get("verdict") or ("pass" if c["status"] == "seen" else c["missing"])  # a record from before verdicts
         if c["status"] == "seen":
-            lines.append(f"  seen     {c['line']}")
+            lines.append(f"  {word:<4}  seen: {c['line']}")
         elif c["status"] == "differs":
-            lines.append(f"  differs  {c['expect']}: the boot says {c['line']!r} (verify: {c['missing']})")
+            lines.append(f"  {word:<4}  differs: expected {c['expect']}{_why(c)}; the boot says {c['line']!r}")
         else:
-            lines.append(f"  missing  {c['expect']} (verify: {c['missing']})")
+            lines.append(f"  {word:<4}  missing: {c['expect']}")
     return lines
+
+
+def _why(c: dict) -> str:
+    return f" ({c['derived']})" if c.get("derived") and c.get("value") is not None else ""

@@ -171,7 +171,7 @@ def timeline_lines(timeline: list[dict], pool: dict | None) -> list[str]:
         lines.append(f"  rank {rank['rank']}: {done or 'no phase seen'}; Available KV cache memory {kv}")
         lines += [f"  rank {rank['rank']}: warning (not fatal) at {secs(w['at_s'])}: {w['line']}" for w in rank["warnings"]]
     if pool is None:
-        lines.append("KV pool: unknown (no rank printed `Available KV cache memory`)")
+        lines.append("KV pool: unknown (no rank printed `Available KV cache memory` or the pin it reserved)")
     else:
         tokens = "? tokens (no measured bytes per token)" if pool["tokens"] is None else \
             f"{pool['tokens']:,} tokens at {pool['per_token_bytes']:,.2f} B/token"

@@ -17,7 +17,8 @@ def overlay_option():
 
 def overlay_src_option(required: bool = False):
     return option(None, "--overlay-src", kind="path", env="SPARKSTACK_OVERLAY_SRC", required=required,
-                  help="Checkout of the overlay's upstream repo at its pinned rev.")
+                  help="The overlay's files: an upstream checkout at the pinned rev, the blog's working dir "
+                       "(or its files/), or the blog's bundle (checked by SHA-256 first).")
 
 
 def platform_option():

@@ -72,9 +72,10 @@ _DRAFTER_KEYS = {"cache_name_knob": str, "method": str, "repo": str, "revision":
 _BOOT_KEYS = {"expect": list, "missing": str}
 BOOT_MISSING = ("fail", "warn")
 # The boot lines a recipe may expect, by key; launch/bootlines.py's CONFIRM holds their patterns (an assert there
-# keeps the two equal). The lines the blog confirms by eye in a head's boot, with the KV size and graph lines.
-CONFIRM_KEYS = ("modelopt-nvfp4", "nvfp4-moe-backend", "eagle3-aux-layers", "kv-cache-size", "breakable-cuda-graph",
-                "graph-capture")  # what verify makes of an expected boot line the running pair's boot lacks
+# keeps the two equal). The lines the blog confirms by eye in a head's boot, with the KV size and graph lines, and
+# the KV pool's GiB its table gives.
+CONFIRM_KEYS = ("modelopt-nvfp4", "nvfp4-moe-backend", "eagle3-aux-layers", "kv-cache-memory", "kv-cache-size",
+                "breakable-cuda-graph", "graph-capture")
 _KV_KEYS = {"measured_bytes": int, "measured_tokens": int, "mla_page_bytes_per_token": int,
             "indexer_page_bytes_per_token": int, "drafter_page_bytes_per_token": int,
             "drafter_page_bytes_per_token_fp8": int, "drafter_group_patch": bool, "pages": dict, "boot": dict}

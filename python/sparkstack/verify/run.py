@@ -87,8 +87,10 @@ def record_results(record: Mapping | None, url: str) -> tuple[Result, ...]:
         if not absent:
             out.append(Result("boot-lines", "pass", f"{run}: all {len(confirm)} expected boot lines seen", False))
         else:
-            failing = any(c.get("missing") == "fail" for c in absent)
-            said = "; ".join(f"{c.get('status')}: {c.get('expect')}" for c in absent)
+            failing = any((c.get("verdict") or c.get("missing")) == "fail" for c in absent)
+            said = "; ".join(f"{c.get('status')}: {c.get('expect')}"
+                             + (f" (the boot says {c.get('line')!r})" if c.get("status") == "differs" else "")
+                             for c in absent)
             out.append(Result("boot-lines", "fail" if failing else "warn", f"{run}: {said}", failing))
     return tuple(out)
 
