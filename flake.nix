@@ -3,17 +3,13 @@
 
   inputs = {
     nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
-    # The DFlash2 overlay's upstream checkout, at the rev overlays/dflash2/overlay.toml pins (same full rev).
-    # Not in flake.lock: its narHash cannot be computed here (GitHub is out of reach), and a made-up one
-    # would fail for every online user. Nix locks it on first online use.
-    overlay-src = {
-      url = "github:tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark/06b681991fb7ca6743c4fba535cdc7e8df78cd4b";
-      flake = false;
-    };
+    # The overlay's files are no input: Nix locks every input at evaluation, so a GitHub input would need
+    # GitHub for every build. They come from the blog's bundle in the store (nix/bundle.nix, requireFile),
+    # or, under --impure, from the checkout SPARKSTACK_OVERLAY_SRC names (docs/nix.md).
   };
 
   # Wiring only: every output calls the sparkstack CLI (python/), which holds all the logic.
-  outputs = { self, nixpkgs, overlay-src }:
+  outputs = { self, nixpkgs }:
     let
       systems = [ "aarch64-linux" "x86_64-linux" ];
       forAllSystems = f: builtins.listToAttrs (map (system: { name = system; value = f system; }) systems);
@@ -23,14 +19,16 @@
           pkgs = nixpkgs.legacyPackages.${system};
           sparkstack = import ./nix/package.nix { inherit (pkgs) python3Packages; };
           base = self.lib.mkBase { inherit pkgs; pins = ./nix/pins.json; };
+          overlay-bundle = self.lib.overlayBundle { inherit pkgs; };
+          checkout = builtins.getEnv "SPARKSTACK_OVERLAY_SRC";  # "" unless --impure
           image = variant: self.lib.mkImage {
             inherit pkgs base variant;
-            overlaySrc = overlay-src;
+            overlaySrc = if checkout == "" then overlay-bundle else builtins.path { path = checkout; name = "overlay-src"; };
             wheels = if variant == "plain" then null else import ./nix/wheels.nix { inherit pkgs variant; };
           };
           packages = {
             default = sparkstack;
-            inherit base;
+            inherit base overlay-bundle;
             image = image "plain";
             image-instanttensor = image "instanttensor";
           };
@@ -59,11 +57,13 @@
       pick = attr: builtins.mapAttrs (_: s: s.${attr}) each;
     in
     {
-      # lib.mkBase { pkgs, pins, platform ? "linux/arm64" } and lib.mkImage { pkgs, base, overlaySrc,
-      # overlay ? ./overlays/dflash2, variant ? "plain", wheels ? null }: builtins and the given pkgs only.
+      # lib.mkBase { pkgs, pins, platform ? "linux/arm64" }, lib.mkImage { pkgs, base, overlaySrc,
+      # overlay ? ./overlays/dflash2, variant ? "plain", wheels ? null } and lib.overlayBundle { pkgs,
+      # overlay ? ./overlays/dflash2 }: builtins and the given pkgs only.
       lib = {
         mkBase = import ./nix/base.nix;
         mkImage = import ./nix/image.nix;
+        overlayBundle = import ./nix/bundle.nix;
       };
       packages = pick "packages";
       apps = pick "apps";

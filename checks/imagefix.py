@@ -473,3 +473,36 @@ def make_wheel(directory: Path, name: str, version: str, files: dict[str, str]) 
             info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
             z.writestr(info, contents[path])
     return fname
+
+
+def tree_entries(work: Path, top: bool) -> list[tuple[str, bytes | None]]:
+    """(archive name, bytes or None for a dir) of every entry under `work`, sorted."""
+    out = []
+    for p in sorted(work.rglob("*")):
+        rel = p.relative_to(work).as_posix()
+        name = f"{work.name}/{rel}" if top else rel
+        out.append((name, None if p.is_dir() else p.read_bytes()))
+    return ([(work.name, None)] if top else []) + out
+
+
+def make_bundle(work: Path, out: Path, kind: str = "tar", top: bool = False) -> Path:
+    """The blog's bundle of `work`, as a tar (deterministic: no times), tar.gz or zip; `top`: under one top dir."""
+    entries = tree_entries(work, top)
+    if kind == "zip":
+        with zipfile.ZipFile(out, "w") as zf:
+            for name, data in entries:
+                if data is None:
+                    zf.writestr(name + "/", b"")
+                else:
+                    zf.writestr(name, data)
+        return out
+    with tarfile.open(out, "w:gz" if kind == "tar.gz" else "w") as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return out

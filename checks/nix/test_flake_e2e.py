@@ -1,14 +1,17 @@
 """The flake, really built and run offline, end to end, in a throwaway clone of this checkout.
 
-nixpkgs is nix/stub (a host-tools stand-in: it proves the wiring, not nixpkgs' own build); the overlay
-input is a fixture checkout; the registry is checks/registry_standin.py on 127.0.0.1, reached through
-SPARKSTACK_REGISTRY_MIRROR, which the flake's fixed-output derivations take as an impure variable.
+nixpkgs is nix/stub (a host-tools stand-in: it proves the wiring, not nixpkgs' own build); the overlay is a
+fixture bundle of a fixture checkout, pinned in the clone's overlay.toml under its own (test) hash and added to
+the store as a user adds the blog's (requireFile); the registry is checks/registry_standin.py on 127.0.0.1,
+reached through SPARKSTACK_REGISTRY_MIRROR, which the flake's fixed-output derivations take as an impure variable.
 
 In the clone: the committed, unresolved pins make `nix build .#image` fail at build time in one line
 (while `nix flake show` still evaluates); then `sparkstack pin base` and `pin overlay` pin the fixture,
 `git add` stages them, and the real `nix build .#image` and `nix run .#launch -- 0 --dry-run --json` run.
-Checked: the image passes `image verify`; its manifest digest equals a direct `sparkstack image build`
-of the same base and overlay (and differs with stdenv's SOURCE_DATE_EPOCH, which the flake overrides);
+Checked: without the bundle in the store the build says how to add it; the image passes `image verify`; its
+manifest digest equals a direct `sparkstack image build` of the same base from the bundle's directory (and
+differs with stdenv's SOURCE_DATE_EPOCH, which the flake overrides), and so does `--impure` with
+SPARKSTACK_OVERLAY_SRC naming that directory;
 its base blobs are symlinks to one store path per blob; docker_run names its tag; a second build asks
 the registry nothing; lib.mkImage through builtins.getFlake gives the very same derivation; and a new
 base tag refetches only what changed, where a corrupt layer fails with Nix's hash-mismatch line; and
@@ -20,6 +23,7 @@ a missing one fails instead of skipping.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -84,8 +88,7 @@ def world(tmp_path_factory):
         env = {k: v for k, v in os.environ.items() if k not in ("IMAGE", "SOURCE_DATE_EPOCH")}
         env.update(NIX_CONFIG="experimental-features = nix-command flakes", SPARKSTACK_REGISTRY_MIRROR=standin.url,
                    SPARKSTACK_CACHE_DIR=str(tmp / "cache"))
-        overrides = ["--offline", "--override-input", "nixpkgs", f"path:{clone}/nix/stub",
-                     "--override-input", "overlay-src", f"path:{src}"]
+        overrides = ["--offline", "--override-input", "nixpkgs", f"path:{clone}/nix/stub"]
         yield {"tmp": tmp, "clone": clone, "src": src, "repo": repo, "arm": arm, "standin": standin, "env": env,
                "O": overrides}
 
@@ -111,6 +114,20 @@ def blob_requests(standin, since: int = 0) -> list[str]:
 
 def test_flake_end_to_end(world):
     w = world
+    # 0. The overlay is the blog's bundle, by overlay.toml's hash: not in the store, its build says how to add it.
+    absent = nix_build(w, "overlay-bundle", check=1)
+    assert "nix-store --add-fixed sha256 glm5.3-flash-spark-bundle" in absent.stderr, absent.stderr
+    assert "2d5931db561d58c22bb8dca60a1a45e41905e1e4d11d7cafd44cd950ef41eb94" in absent.stderr  # the blog's hash
+    # A test bundle of the fixture source stands in for it: its own hash pinned in the clone, added by that name.
+    bundle = fx.make_bundle(w["src"], w["tmp"] / "glm5.3-flash-spark-bundle")
+    toml = w["clone"] / "overlays/dflash2/overlay.toml"
+    blog = 'bundle_sha256 = "2d5931db561d58c22bb8dca60a1a45e41905e1e4d11d7cafd44cd950ef41eb94"'
+    assert blog in toml.read_text()
+    toml.write_text(toml.read_text().replace(blog, f'bundle_sha256 = "{hashlib.sha256(bundle.read_bytes()).hexdigest()}"'))
+    run(["nix-store", "--add-fixed", "sha256", bundle], cwd=w["clone"], env=w["env"])
+    run(["git", "add", "overlays/dflash2/overlay.toml"], cwd=w["clone"])
+    assert Path(nix_build(w, "overlay-bundle")).read_bytes() == bundle.read_bytes()
+
     # 1. Committed, unresolved pins: evaluation works, the build fails inside a derivation, in one line.
     nix(w, "flake", "show", *w["O"])
     proc = nix_build(w, "image", check=1)
@@ -146,6 +163,11 @@ def test_flake_end_to_end(world):
                                   w["tmp"] / "cli-image-1980", "--json",
                                   env={"SOURCE_DATE_EPOCH": "315532800"}).stdout)["result"]
     assert stdenv_epoch["manifest_digest"] != direct["manifest_digest"]
+    # ... and from an upstream checkout instead of the bundle (--impure, SPARKSTACK_OVERLAY_SRC): the same image.
+    checkout = json.loads(run(["nix", "build", *w["O"], "--impure", "--no-link", "--json", ".#image"], cwd=w["clone"],
+                              env={**w["env"], "SPARKSTACK_OVERLAY_SRC": str(w["src"])}).stdout)[0]["outputs"]["out"]
+    assert checkout != str(image)  # another derivation (its overlay input differs) ...
+    assert json.loads((Path(checkout) / "index.json").read_text())["manifests"][0]["digest"] == direct["manifest_digest"]
 
     # 5. `nix run .#launch` runs that very image: its store path as --image, its tag in docker_run.
     proc = nix(w, "run", *w["O"], ".#launch", "--", "0", "--dry-run", "--json", check=None)
@@ -168,13 +190,14 @@ def test_flake_end_to_end(world):
     assert nix_build(w, "image") == str(image)
     assert w["standin"].log[before:] == []
 
-    # 7. lib.mkImage called from outside through builtins.getFlake (every input locked: the overlay
-    #    input to the fixture source, in this clone only) is the same derivation as packages.image.
-    lock_overlay_input_to(w, w["src"])
+    # 7. lib.mkImage called from outside through builtins.getFlake (which reads the committed tree) with
+    #    lib.overlayBundle is the same derivation as packages.image.
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "e2e: pins and the test bundle's hash"],
+        cwd=w["clone"])
     expr = (f'let f = builtins.getFlake "{w["clone"]}"; s = builtins.getFlake "path:{w["clone"]}/nix/stub"; '
             f'pkgs = s.legacyPackages.x86_64-linux; in f.lib.mkImage {{ inherit pkgs; '
             f'base = f.lib.mkBase {{ inherit pkgs; pins = {w["clone"]}/nix/pins.json; }}; '
-            f'overlaySrc = f.inputs.overlay-src; }}')
+            f'overlaySrc = f.lib.overlayBundle {{ inherit pkgs; }}; }}')
     via_lib = json.loads(nix(w, "build", "--offline", "--impure", "--no-link", "--json", "--expr", expr).stdout)
     assert via_lib[0]["outputs"]["out"] == str(image)
 
@@ -239,21 +262,3 @@ def test_apps_wire_exactly_the_commands_that_exist(world):
             else:
                 assert command not in apps, f"apps.{command} wired, but `sparkstack {command}` does not exist"
         assert apps <= commands, f"apps for no command: {apps - commands}"
-
-
-def lock_overlay_input_to(w, src: Path) -> None:
-    """Lock overlay-src in the clone's flake.lock to `src` by its real narHash (computed by Nix, never made up).
-
-    `original` stays what flake.nix asks for (else Nix re-locks it from GitHub); `locked` is the fixture,
-    as `--override-input` would have locked it."""
-    nar = run(["nix", "hash", "path", src], cwd=w["clone"], env=w["env"]).stdout.strip()
-    m = re.search(r'url = "github:([^/]+)/([^/]+)/([0-9a-f]{40})";', (w["clone"] / "flake.nix").read_text())
-    lock_path = w["clone"] / "flake.lock"
-    lock = json.loads(lock_path.read_text())
-    lock["nodes"]["overlay-src"] = {"flake": False, "locked": {"narHash": nar, "path": str(src), "type": "path"},
-                                    "original": {"owner": m[1], "repo": m[2], "rev": m[3], "type": "github"}}
-    lock["nodes"]["root"]["inputs"]["overlay-src"] = "overlay-src"
-    lock_path.write_text(json.dumps(lock, indent=2) + "\n")
-    run(["git", "add", "flake.lock"], cwd=w["clone"])
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "e2e: lock the overlay input to the fixture"],
-        cwd=w["clone"])

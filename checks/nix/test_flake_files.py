@@ -112,18 +112,23 @@ def test_blob_fetches_pass_every_variable_nixpkgs_fetchers_pass():
     assert listed[:len(NIXPKGS_PROXY_VARS)] == NIXPKGS_PROXY_VARS
     assert set(listed) - set(NIXPKGS_PROXY_VARS) == {"SPARKSTACK_REGISTRY_MIRROR", "SPARKSTACK_REGISTRY_TIMEOUT"}
 
-def test_the_overlay_input_is_the_rev_overlay_toml_pins():
+def test_the_overlay_is_the_blogs_bundle_by_its_pinned_hash_and_no_input():
+    """Nix locks every input at evaluation: a GitHub input would need GitHub for every build. The image's overlay
+    is the bundle overlay.toml pins, a requireFile path the user adds (or, --impure, SPARKSTACK_OVERLAY_SRC)."""
     source = tomllib.loads((ROOT / "overlays/dflash2/overlay.toml").read_text())["source"]
+    assert source["bundle_sha256"] == "2d5931db561d58c22bb8dca60a1a45e41905e1e4d11d7cafd44cd950ef41eb94"  # the blog's
     flake = (ROOT / "flake.nix").read_text()
-    assert re.fullmatch(r"[0-9a-f]{40}", source["rev"])
-    assert f'url = "github:{source["repo"]}/{source["rev"]}";' in flake
-    assert re.search(r"overlay-src = \{[^}]*flake = false;", flake)
+    inputs = flake[flake.index("inputs = {"):flake.index("outputs =")]
+    assert re.findall(r"^\s*([\w-]+)\.url = ", inputs, re.M) == ["nixpkgs"] and "overlay-src = {" not in inputs
+    bundle = (ROOT / "nix/bundle.nix").read_text()
+    assert "pkgs.requireFile" in bundle and "source.bundle_sha256" in bundle and "nix-store --add-fixed sha256" in bundle
+    assert 'builtins.getEnv "SPARKSTACK_OVERLAY_SRC"' in flake  # the env var the CLI reads for --overlay-src
 
 
 def test_flake_lock_holds_the_real_nixpkgs_and_no_made_up_hash():
     lock = json.loads((ROOT / "flake.lock").read_text())
     assert lock["version"] == 7 and lock["root"] == "root"
-    assert set(lock["nodes"]) == {"root", "nixpkgs"}, "only nixpkgs is locked; the overlay input is locked online"
+    assert set(lock["nodes"]) == {"root", "nixpkgs"}, "nixpkgs is the flake's one input"
     assert lock["nodes"]["nixpkgs"] == NIXPKGS_LOCK
     assert lock["nodes"]["root"] == {"inputs": {"nixpkgs": "nixpkgs"}}
 

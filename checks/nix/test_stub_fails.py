@@ -35,7 +35,6 @@ def clone(tmp_path):
 def build(clone, check):
     env = {**os.environ, "NIX_CONFIG": "experimental-features = nix-command flakes"}
     argv = ["nix", "build", "--offline", "--override-input", "nixpkgs", f"path:{clone}/nix/stub",
-            "--override-input", "overlay-src", f"path:{clone}/nix/stub",  # unused by .#default
             "-L", "--no-link", ".#default"]
     return run(argv, cwd=clone, env=env, check=check)
 

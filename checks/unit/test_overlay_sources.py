@@ -41,38 +41,6 @@ def blog_dir(root: Path, files: dict[str, str] | None = None) -> Path:
     return work
 
 
-def tree_entries(work: Path, top: bool) -> list[tuple[str, bytes | None]]:
-    """(archive name, bytes or None for a dir) of every entry under `work`, sorted."""
-    out = []
-    for p in sorted(work.rglob("*")):
-        rel = p.relative_to(work).as_posix()
-        name = f"{work.name}/{rel}" if top else rel
-        out.append((name, None if p.is_dir() else p.read_bytes()))
-    return ([(work.name, None)] if top else []) + out
-
-
-def make_bundle(work: Path, out: Path, kind: str, top: bool) -> Path:
-    entries = tree_entries(work, top)
-    if kind == "zip":
-        with zipfile.ZipFile(out, "w") as zf:
-            for name, data in entries:
-                if data is None:
-                    zf.writestr(name + "/", b"")
-                else:
-                    zf.writestr(name, data)
-        return out
-    with tarfile.open(out, "w:gz" if kind == "tar.gz" else "w") as tar:
-        for name, data in entries:
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            else:
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
-    return out
-
-
 def pin_bundle_hash(overlay_dir: Path, bundle_sha: str) -> None:
     """A test-only bundle pin, in a tmp overlay.toml (the real one keeps the blog's)."""
     toml = overlay_dir / "overlay.toml"
@@ -142,7 +110,7 @@ def test_real_overlay_copy_pins_a_blog_dir_and_refuses_its_bundle_by_hash(world,
     assert pinned.installs[0].file.sha256 == sha(stand_in[pinned.installs[0].file.path].encode())
     before = (overlay / "overlay.toml").read_bytes()
 
-    bundle = make_bundle(work, world["tmp"] / "glm5.3-flash-spark.tar.gz", "tar.gz", True)
+    bundle = fx.make_bundle(work, world["tmp"] / "glm5.3-flash-spark.tar.gz", "tar.gz", True)
     for argv in (("pin", "overlay", "--overlay", overlay), ("image", "build", "--base", world["base"], "--overlay",
                                                              overlay, "--out", world["tmp"] / "out")):
         line = one_error_line(run_cli(*argv, "--overlay-src", bundle))
@@ -155,7 +123,7 @@ def test_real_overlay_copy_pins_a_blog_dir_and_refuses_its_bundle_by_hash(world,
 @pytest.mark.parametrize("top", [True, False], ids=["top-dir", "flat"])
 def test_pinned_test_bundle_builds_the_same_image_as_its_dir(world, run_cli, kind, top):
     work = blog_dir(world["tmp"])
-    bundle = make_bundle(work, world["tmp"] / f"bundle.{kind}", kind, top)
+    bundle = fx.make_bundle(work, world["tmp"] / f"bundle.{kind}", kind, top)
     pin_bundle_hash(world["overlay"], sha(bundle.read_bytes()))
     run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", bundle, check=0)
     assert load_overlay(world["overlay"]).unpinned == ()
