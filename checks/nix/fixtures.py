@@ -3,8 +3,6 @@
 Run inside Nix derivations (nix/checks.nix) and by the tests. No network, no sparkstack code:
 
     python fixtures.py image OUT          OUT/base (OCI layout), OUT/src (overlay source), OUT/overlay (pinned overlay.toml)
-    python fixtures.py overlay-src OUT    OUT: an overlay source checkout (overlay-dflash2/...), e.g. for the flake's
-                                          overlay-src input offline (--override-input overlay-src path:OUT)
     python fixtures.py pins LAYOUT        the pins (nix/pins.json's shape) of a layout, on stdout
     python fixtures.py checkpoint OUT     OUT/hub/models--LibertAIDAI--GLM-5.3-Flash-NVFP4 (with MTP tensors)
     python fixtures.py verify-strip ENTRY exit 1 unless ENTRY (a stripped cache entry) holds no MTP tensor
@@ -81,14 +79,12 @@ def verify_strip(entry: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("image", "overlay-src", "pins", "checkpoint", "verify-strip"):
+    if len(argv) != 2 or argv[0] not in ("image", "pins", "checkpoint", "verify-strip"):
         print(__doc__, file=sys.stderr)
         return 2
     what, path = argv[0], Path(argv[1])
     if what == "image":
         write_image(path)
-    elif what == "overlay-src":
-        fx.write_overlay_source(path)
     elif what == "pins":
         sys.stdout.write(json.dumps(pins_of(path), indent=2) + "\n")
     elif what == "checkpoint":
