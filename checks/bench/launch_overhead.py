@@ -46,7 +46,7 @@ COMMON = ("--recipe", "my-recipe.toml", "--image", "image", "--profile", "lab", 
 
 # launch's phases, each ending at the first output line that starts with its marker (in this order)
 PHASES = (
-    ("start-up + preflight over ssh (+ gates)", ("pass:", "warn:", "skip:", "fail:", "info:")),
+    ("start-up + preflight over ssh (+ gates)", ("pass  ", "warn  ", "skip  ", "fail  ")),  # checkline.line
     ("image load/inspect", ("starting rank 1",)),
     ("worker started (docker run + running)", ("rank 1 running",)),
     ("worker delay", ("starting rank 0",)),
@@ -69,14 +69,27 @@ def health_ok(world) -> bool:
     return proc.stdout.strip() == "200"
 
 
+def expand_home(world, rank: dict) -> list[str]:
+    """The rank's docker_run as launch runs it: a worker's `~` mount source is its HOME, read over ssh there
+    (the dry run prints `~`: it asks no machine). Not timed: launch reads it before its clock's first mark too."""
+    argv = rank["docker_run"]
+    if not rank.get("ssh") or not any(a.startswith("~/") for a in argv):
+        return argv
+    home = subprocess.run(ns_argv(world, "ssh", "-F", "ssh_config", "-o", "BatchMode=yes", rank["ssh"],
+                                  "printenv", "HOME"), cwd=world.work, env={**os.environ, **world.env},
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    return [home + a[1:] if a.startswith("~/") else a for a in argv]
+
+
 def bare_start(world, ranks: list[dict]) -> dict:
     """The two `docker run`s launch would run, worker first, then /health until 200."""
     env = {**os.environ, **world.env}
     hosts = {"head": world.lab.head, "worker": world.lab.worker}
+    argvs = {rank["rank"]: expand_home(world, rank) for rank in ranks}  # before the clock: launch reads it early too
     t0 = time.monotonic()
     marks = {}
     for rank in sorted(ranks, key=lambda r: -r["rank"]):  # the worker (rank 1) first
-        argv = rank["docker_run"]
+        argv = argvs[rank["rank"]]
         assert argv[:2] == ["docker", "run"], argv
         subprocess.run(hosts[rank["host"]].dockerd.cli(*argv[1:]), env=env, check=True, capture_output=True,
                        timeout=300)
