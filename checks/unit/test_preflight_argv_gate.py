@@ -55,3 +55,69 @@ def test_the_gate_script_is_its_own_module_sent_as_written():
 
     assert ARGV_GATE == Path(argv_gate.__file__).read_text()
     assert callable(argv_gate.judge)
+
+
+# ---- the gate cache: a pass is remembered for (image config digest, argv); anything else runs again
+
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+def test_an_unchanged_relaunch_skips_the_gates_that_passed_and_says_so(tmp_path):
+    from sparkstack.launch.gatecache import GateCache
+    from sparkstack.launch.preflight import gate_checks
+
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    cache = GateCache(tmp_path / "gates")
+    first, again = Docker(), Docker()
+    assert [c.status for c in argv_gate_checks(plan, first, IMAGE_ID, cache)] == ["pass", "fail"]
+    checks = argv_gate_checks(plan, again, IMAGE_ID, cache)
+    # rank 0 passed: not asked again; rank 1 failed: asked again, and fails again
+    assert [c[9:] for c in again.calls] == [list(plan.ranks[1].engine_argv)]
+    assert checks[0].status == "pass" and checks[0].detail.startswith("vLLM accepts the argv (40 arguments) (cached: ")
+    assert IMAGE_ID[:19] in checks[0].detail and checks[1].status == "fail"
+
+    class Unlabelled(Docker):  # no gates label: the default runtime gates run, and pass
+        def run_docker(self, *args, timeout=120, env=None):
+            self.calls.append(list(args))
+            return subprocess.CompletedProcess(args, 0, "\n" if args[0] == "image" else "ok\n", "")
+
+    ran = Unlabelled()
+    runtime = gate_checks(plan, ran, IMAGE_ID, cache)
+    assert runtime and {c.status for c in runtime} == {"pass"} and sum(c[0] == "run" for c in ran.calls) == len(runtime)
+    rerun = Unlabelled()
+    assert [c.status for c in gate_checks(plan, rerun, IMAGE_ID, cache)] == ["pass"] * len(runtime)
+    assert [c[0] for c in rerun.calls] == ["image"]  # only the label is read again
+
+
+def test_another_image_or_argv_runs_the_gate_again(tmp_path):
+    from sparkstack.launch.gatecache import GateCache
+
+    cache = GateCache(tmp_path / "gates")
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    argv_gate_checks(plan, Docker(), IMAGE_ID, cache)
+    other_image = Docker()
+    argv_gate_checks(plan, other_image, "sha256:" + "cd" * 32, cache)
+    assert len(other_image.calls) == 2
+    longer = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path), "MAX_MODEL_LEN": "131072"})
+    other_argv = Docker()
+    argv_gate_checks(longer, other_argv, IMAGE_ID, cache)
+    assert len(other_argv.calls) == 2
+    no_id = Docker()  # the image's id unknown: nothing to key a pass by
+    argv_gate_checks(plan, no_id, None, cache)
+    assert len(no_id.calls) == 2
+
+
+def test_a_mangled_or_unwritable_cache_only_costs_a_rerun(tmp_path):
+    from sparkstack.launch.gatecache import GateCache
+
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    cache = GateCache(tmp_path / "gates")
+    argv_gate_checks(plan, Docker(), IMAGE_ID, cache)
+    for record in (tmp_path / "gates").iterdir():
+        record.write_text("{not json")
+    mangled = Docker()
+    assert argv_gate_checks(plan, mangled, IMAGE_ID, cache)[0].status == "pass" and len(mangled.calls) == 2
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    unwritable = GateCache(blocked / "gates")  # a file where its dir would go
+    assert [c.status for c in argv_gate_checks(plan, Docker(), IMAGE_ID, unwritable)] == ["pass", "fail"]

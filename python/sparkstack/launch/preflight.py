@@ -14,7 +14,8 @@ import os
 import shutil
 import socket
 import struct
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from sparkstack.checkline import check_line
 from sparkstack.errors import SparkstackError
 from sparkstack.hfcache import SnapshotState, probe_argv, probe_result, ref_file, snapshot_dir, snapshot_state
 from sparkstack.launch import argv_gate
+from sparkstack.launch.gatecache import GateCache, cached_line, gate_cache
 from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan, RankPlan
 from sparkstack.remote import UNREACHABLE, Runner, docker_answer, failure_line, unreachable_reason
@@ -505,8 +507,9 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
         checks.append(_peer_check(plan.ranks[rank_no], proc, expected))
     at = gate_rank(launching)
     if gates and at in digests:
-        checks += argv_gate_checks(plan, runners[at])
-        checks += gate_checks(plan, runners[at])
+        cache = gate_cache()
+        checks += argv_gate_checks(plan, runners[at], digests[at], cache)
+        checks += gate_checks(plan, runners[at], digests[at], cache)
     return checks
 
 
@@ -575,18 +578,35 @@ def _peer_check(rank: RankPlan, proc, image: str | None) -> PreflightCheck:
                  rank.rank)
 
 
-def argv_gate_checks(plan: LaunchPlan, runner: Runner) -> list[PreflightCheck]:
+def _run_gate(runner: Runner, image: str, argv: Sequence[str], image_id: str | None,
+              cache: GateCache | None) -> tuple[int | None, str, str]:
+    """(exit code, stdout, stderr) of one gate in a throwaway container, or (None, cached line, "") when this image
+    passed this very argv before (gatecache)."""
+    if cache is not None and image_id and (passed := cache.passed(image_id, argv)):
+        return None, cached_line(passed, image_id), ""
+    ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", argv[0], image, *argv[1:], timeout=300)
+    return ran.returncode, ran.stdout, ran.stderr
+
+
+def argv_gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
+                     cache: GateCache | None = None) -> list[PreflightCheck]:
     """Each rank's engine argv, judged in a throwaway container by the image's own vLLM parser (ARGV_GATE): seconds,
-    no GPU, before a boot that takes 15 minutes. Every rank runs the one image, so the head judges them all."""
+    no GPU, before a boot that takes 15 minutes. Every rank runs the one image, so the head judges them all. With
+    `cache`, a pass is remembered for this image (`image_id`) and argv, and not asked again."""
     out = []
     for rank in plan.ranks:
-        ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", "python3", plan.image,
-                                "-c", ARGV_GATE, *rank.engine_argv, timeout=300)
-        said = ran.stdout.strip().splitlines()
-        line = said[-1] if said else failure_line(ran)
-        out.append(PreflightCheck("vllm-argv", "pass" if ran.returncode == 0 else "fail",
-                         line if ran.returncode in (0, 1, 2) and said else f"the argv gate did not run: {line}",
+        argv = ("python3", "-c", ARGV_GATE, *rank.engine_argv)
+        code, stdout, stderr = _run_gate(runner, plan.image, argv, image_id, cache)
+        if code is None:
+            out.append(PreflightCheck("vllm-argv", "pass", stdout, rank.rank))
+            continue
+        said = stdout.strip().splitlines()
+        line = said[-1] if said else failure_line(subprocess.CompletedProcess(argv, code, stdout, stderr))
+        out.append(PreflightCheck("vllm-argv", "pass" if code == 0 else "fail",
+                         line if code in (0, 1, 2) and said else f"the argv gate did not run: {line}",
                          rank.rank))
+        if code == 0 and cache is not None and image_id:
+            cache.record(image_id, argv, line)
     return out
 
 
@@ -602,7 +622,8 @@ def _gates_from_label(label: str) -> list[tuple[str, ...]] | None:
     return [tuple(g) for g in doc]
 
 
-def gate_checks(plan: LaunchPlan, runner: Runner) -> list[PreflightCheck]:
+def gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
+                cache: GateCache | None = None) -> list[PreflightCheck]:
     proc = runner.run_docker("image", "inspect", "--format", '{{index .Config.Labels "org.sparkstack.gates.runtime"}}',
                              plan.image, timeout=30)
     label = proc.stdout.strip() if proc.returncode == 0 else ""
@@ -613,10 +634,16 @@ def gate_checks(plan: LaunchPlan, runner: Runner) -> list[PreflightCheck]:
     gates += [g for g in load_format_gates(plan) if g not in gates]
     out = []
     for gate in gates:
-        ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", gate[0], plan.image, *gate[1:], timeout=300)
+        code, stdout, stderr = _run_gate(runner, plan.image, gate, image_id, cache)
         label = gate[-1][:60]
-        out.append(PreflightCheck("gate", "pass" if ran.returncode == 0 else "fail",
-                         label if ran.returncode == 0 else f"{label}: {failure_line(ran)}", 0))
+        if code is None:
+            out.append(PreflightCheck("gate", "pass", stdout, 0))
+            continue
+        ran = subprocess.CompletedProcess(gate, code, stdout, stderr)
+        out.append(PreflightCheck("gate", "pass" if code == 0 else "fail",
+                         label if code == 0 else f"{label}: {failure_line(ran)}", 0))
+        if code == 0 and cache is not None and image_id:
+            cache.record(image_id, gate, label)
     return out
 
 
