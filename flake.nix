@@ -23,7 +23,11 @@
           checkout = builtins.getEnv "SPARKSTACK_OVERLAY_SRC";  # "" unless --impure
           image = variant: self.lib.mkImage {
             inherit pkgs base variant;
-            overlaySrc = if checkout == "" then overlay-bundle else builtins.path { path = checkout; name = "overlay-src"; };
+            overlaySrc =
+              if checkout == "" then overlay-bundle
+              else if builtins.substring 0 1 checkout != "/" then
+                throw "sparkstack: SPARKSTACK_OVERLAY_SRC=${checkout} is not an absolute path (Nix does not expand ~ or read it from this directory)"
+              else builtins.path { path = checkout; name = "overlay-src"; filter = p: _: baseNameOf p != ".git"; };
             wheels = if variant == "plain" then null else import ./nix/wheels.nix { inherit pkgs variant; };
           };
           packages = {

@@ -18,5 +18,5 @@ else
       Download it from the blog, then add it under the name the flake asks for:
         cp DOWNLOADED-FILE ${name} && nix-store --add-fixed sha256 ${name}
       Or build from an upstream checkout instead:
-        SPARKSTACK_OVERLAY_SRC=~/src/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark nix build --impure .#image'';
+        SPARKSTACK_OVERLAY_SRC=$HOME/src/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark nix build --impure .#image'';
   }

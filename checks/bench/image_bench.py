@@ -120,8 +120,8 @@ def main() -> None:
         common = ["--base", str(base), "--overlay", str(overlay), "--overlay-src", str(src)]
         full_s, full = timed_build(sparkstack, common + ["--out", str(work / "out1")], env)
         (src / "overlay-dflash2/dflash2/speculator.py").write_text("class DFlash2Speculator:\n    width = 4\n")
-        subprocess.run([sparkstack, "pin", "overlay", "--overlay", str(overlay), "--overlay-src", str(src)], check=True,
-                       capture_output=True, env=env)
+        subprocess.run([sparkstack, "pin", "overlay", "--overlay", str(overlay), "--overlay-src", str(src), "--repin"],
+                       check=True, capture_output=True, env=env)
         re_s, rebuilt = timed_build(sparkstack, common + ["--out", str(work / "out2")], env)
         results = {
             "big_layer_bytes": args.big_mib * MIB,

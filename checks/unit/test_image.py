@@ -68,7 +68,13 @@ def test_base_layers_reused_byte_for_byte(world, run_cli, tmp_path):
 def test_changing_one_overlay_file_changes_only_the_top_layer(world, run_cli, tmp_path):
     build(run_cli, world, tmp_path / "a")
     (world["src"] / "overlay-dflash2/dflash2/speculator.py").write_text("class DFlash2Speculator:\n    width = 7\n")
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], check=0)
+    toml = (world["overlay"] / "overlay.toml").read_bytes()
+    # A source that differs from the pin is refused, the file named with both hashes; nothing is written.
+    refused = run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], check=1)
+    assert "1 file(s) differ from what" in refused.stderr and "dflash2/speculator.py (pinned " in refused.stderr
+    assert "--repin" in refused.stderr and refused.stderr.count("\n") == 1
+    assert (world["overlay"] / "overlay.toml").read_bytes() == toml
+    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], "--repin", check=0)
     build(run_cli, world, tmp_path / "b")
     la, lb = manifest_of(tmp_path / "a")["layers"], manifest_of(tmp_path / "b")["layers"]
     assert la[:-1] == lb[:-1] and la[-1] != lb[-1]

@@ -375,7 +375,7 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
     checks = []
     if plan.recipe.blocked:
         checks.append(PreflightCheck("recipe", "warn" if force else "fail",
-                            f"recipe {plan.recipe.name} is blocked: {plan.recipe.blocked_reason}" + (" (--force)" if force else "")))
+                            f"{plan.recipe.name} is blocked: {plan.recipe.blocked_reason}" + (" (--force)" if force else "")))
     else:
         checks.append(PreflightCheck("recipe", "pass", f"{plan.recipe.name} is ok"))
     checks += [

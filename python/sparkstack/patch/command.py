@@ -99,6 +99,8 @@ class PinRequest:
     overlay: Path | None = overlay_option()
     overlay_src: Path = overlay_src_option(required=True)
     wheels: Path | None = option(None, "--wheels", kind="path", help="Dir holding the variants' wheels.")
+    repin: bool = option(False, "--repin", kind="flag",
+                         help="Replace hashes already pinned (without it, a source whose files differ is refused).")
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Print what would change; write nothing.")
     as_json: bool = option(False, "--json", kind="flag")
 
@@ -106,7 +108,7 @@ class PinRequest:
 def plan_pin(request: PinRequest, environ: Mapping[str, str]):
     from sparkstack.patch.pin import plan_pin as plan_overlay_pin
 
-    return plan_overlay_pin(overlay_dir(request.overlay), request.overlay_src, request.wheels)
+    return plan_overlay_pin(overlay_dir(request.overlay), request.overlay_src, request.wheels, request.repin)
 
 
 def _apply_pin(p, view: View):

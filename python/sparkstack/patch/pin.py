@@ -16,7 +16,7 @@ import tomlkit
 
 from sparkstack import fsio, shipped
 from sparkstack.errors import SparkstackError
-from sparkstack.patch.overlay import load_overlay
+from sparkstack.patch.overlay import UNPINNED, load_overlay
 from sparkstack.patch.source import opened_source
 
 
@@ -74,7 +74,10 @@ def _entries(doc) -> list[tuple[str, int, str, object]]:
     return out
 
 
-def plan_pin(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None) -> PinPlan:
+def plan_pin(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None, repin: bool = False) -> PinPlan:
+    """`repin`: replace hashes that are pinned already. Without it, a source whose files differ from the pinned
+    ones is refused, each such file named with both hashes: a file retyped with one character wrong must not
+    become the pin."""
     overlay = load_overlay(overlay_dir)  # validates every key and path first
     _refuse_installed_copy(overlay.path)
     with opened_source(overlay, overlay_src) as src:
@@ -95,6 +98,12 @@ def plan_pin(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None
     changes = tuple(PinChange(table, i, file, str(item["sha256"]), hashes[file])
                     for table, i, file, item in _entries(doc)
                     if file in hashes and str(item["sha256"]) != hashes[file])
+    differ = [c for c in changes if c.old != UNPINNED]
+    if differ and not repin:
+        listed = "; ".join(f"{c.file} (pinned {c.old[:12]}, this source {c.new[:12]})" for c in differ)
+        raise SparkstackError(f"{overlay_src}: {len(differ)} file(s) differ from what {overlay.path} pins: {listed}; "
+                              "this is not the pinned overlay (pass --repin to pin it instead, then commit "
+                              "overlay.toml)")
     return PinPlan(overlay.path, tuple(sorted(hashes.items())), changes)
 
 
