@@ -16,7 +16,7 @@ from sparkstack.errors import SparkstackError
 from sparkstack.launch.confirm import Confirmed, Expected, judge, plan_expectations
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.launch.plan import LaunchPlan, RankPlan
-from sparkstack.launch.preflight import PreflightCheck, argv_gate_checks, gate_checks, gate_rank, run_preflight
+from sparkstack.launch.preflight import PreflightCheck, all_gate_checks, gate_rank, run_preflight
 from sparkstack.launch.report import preflight_verdict
 from sparkstack.launch.timeline import (
     KvPool,
@@ -407,7 +407,8 @@ def late_gates(plan: LaunchPlan, runners: dict[int, Runner], checks: list[Prefli
     if gate_rank(tuple(launching)) != 0:  # a worker without the image failed preflight's image check already
         return
     load_built_image(plan, runners[0], on_event)
-    late = argv_gate_checks(plan, runners[0]) + gate_checks(plan, runners[0])
+    proc = runners[0].run_docker("image", "inspect", "--format", "{{.Id}}", plan.image, timeout=30)
+    late = all_gate_checks(plan, runners[0], proc.stdout.strip() if proc.returncode == 0 else None)
     for c in late:
         on_event(c.line())
     verdict = preflight_verdict(late)

@@ -507,10 +507,15 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
         checks.append(_peer_check(plan.ranks[rank_no], proc, expected))
     at = gate_rank(launching)
     if gates and at in digests:
-        cache = gate_cache()
-        checks += argv_gate_checks(plan, runners[at], digests[at], cache)
-        checks += gate_checks(plan, runners[at], digests[at], cache)
+        checks += all_gate_checks(plan, runners[at], digests[at])
     return checks
+
+
+def all_gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None) -> list[PreflightCheck]:
+    """The vLLM argv gate for every rank, then the runtime gates, on `runner`'s copy of the image (`image_id`, its
+    config digest: what a pass is remembered by)."""
+    cache = gate_cache()
+    return argv_gate_checks(plan, runner, image_id, cache) + gate_checks(plan, runner, image_id, cache)
 
 
 STALE_FORMAT = '{{.State}} {{.Label "org.sparkstack.rank"}}'  # `docker ps`: empty when no container has the name
