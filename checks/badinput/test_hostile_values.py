@@ -420,6 +420,14 @@ def test_a_kv_pin_of_one_sequence_is_taken(tmp_path):
     assert_planned(launch(tmp_path, env={"KV_CACHE_MEMORY": str(6 * 2**30)}))
 
 
+def test_a_kv_pin_of_exactly_one_sequence_is_taken_one_token_more_is_not(tmp_path):
+    """The recipe's measured cost: 10,247,694,336 B (its default pin) buys 989,727 tokens. A pool that holds one
+    max-model-len sequence exactly is enough for vLLM; one token more of context is not."""
+    assert_planned(launch(tmp_path, env={"MAX_MODEL_LEN": "989727"}))
+    err = refused(launch(tmp_path, env={"MAX_MODEL_LEN": "989728"}), "KV", "989,727 tokens", "989,728 tokens")
+    assert "refuse" in err, err
+
+
 def test_a_context_past_the_pool_names_the_pool(tmp_path):
     # No snapshot here to read the model's context from: the pinned pool is what bounds it.
     err = refused(launch(tmp_path, env={"MAX_MODEL_LEN": "99999999999"}), "MAX_MODEL_LEN", "989,727 tokens")

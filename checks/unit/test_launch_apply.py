@@ -75,3 +75,97 @@ def test_the_design_cards_order_keeps_both_ranks_in_one_run_record(tmp_path, mon
     # a rank started again replaces its own entry, and only that one
     write_record(plan, image, None, {1: ["docker", "run", "worker-again"]})
     assert [r["docker_run"][-1] for r in json.loads(second.read_text())["ranks"]] == ["head-argv", "worker-again"]
+
+
+class DockerAnswers:
+    """One rank's docker as it answers stop and status: `containers` maps a name to (state, its
+    org.sparkstack.rank label, "" for none); `gone_before_rm` names a container removed by someone else between
+    the look and the `rm -f` (docker then says it has no such container)."""
+
+    def __init__(self, label: str, containers: dict[str, tuple[str, str]], gone_before_rm: str = "",
+                 unreadable: bool = False) -> None:
+        self.label, self.containers = label, dict(containers)
+        self.gone_before_rm, self.unreadable = gone_before_rm, unreadable
+        self.removed: list[str] = []
+
+    def docker(self, *args):
+        return ["docker", *args]
+
+    def by_hand(self, argv):
+        return " ".join(argv)
+
+    def run(self, argv, timeout=None, env=None):
+        assert argv[0] == "docker", argv
+        return self.run_docker(*argv[1:], timeout=timeout)
+
+    def run_docker(self, *args, timeout=None, env=None):
+        name = args[-1]
+        no_such = subprocess.CompletedProcess(args, 1, "", f"Error response from daemon: No such container: {name}\n")
+        if args[0] == "inspect":
+            if name not in self.containers:
+                return subprocess.CompletedProcess(args, 1, "", f"Error: No such object: {name}\n")
+            if self.unreadable:  # exit 0, but not the fields asked for (a template docker could not fill)
+                return subprocess.CompletedProcess(args, 0, "<no value>\n", "")
+            state, label = self.containers[name]
+            fmt = args[args.index("--format") + 1]
+            said = f"{state} {label or '<no value>'}" if "Labels" in fmt else \
+                f"{state} 2026-12-01T10:00:00.000000000Z sha256:{'a' * 64}"
+            return subprocess.CompletedProcess(args, 0, said + "\n", "")
+        if args[:2] == ("rm", "-f"):
+            if name == self.gone_before_rm or name not in self.containers:
+                return no_such
+            del self.containers[name]
+            self.removed.append(name)
+            return subprocess.CompletedProcess(args, 0, name + "\n", "")
+        raise AssertionError(f"not asked of docker by stop or status: {args}")
+
+
+def _plan():
+    from sparkstack.launch.plan import plan_launch_from_recipe
+    from sparkstack.recipe import load_recipe
+
+    return plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+
+
+def test_stop_says_removed_for_the_container_it_removed_and_not_there_for_none():
+    """docs/commands/launch.md: each rank's line says `removed`, `not there` (its docker answered that it has no
+    such container) or `could not reach`; neither of the first two is a failure."""
+    from sparkstack.launch.apply import stop
+
+    plan = _plan()
+    head, worker = (r.name for r in plan.ranks)
+    runners = {0: DockerAnswers("local", {head: ("exited", "0")}), 1: DockerAnswers("user@worker-node", {})}
+    said: list[str] = []
+    assert stop(plan, runners, said.append) == []
+    assert said == [f"rank 0 on local: {head} removed", f"rank 1 on user@worker-node: {worker} not there"]
+    assert runners[0].removed == [head] and runners[1].removed == []
+
+
+def test_stop_of_a_container_gone_before_its_rm_says_not_there():
+    """Found at the look, gone when `docker rm -f` runs (another stop, `--rm`): docker answers it has no such
+    container, which is `not there`, never `removed`."""
+    from sparkstack.launch.apply import stop
+
+    plan = _plan()
+    worker = plan.ranks[1].name
+    runners = {0: DockerAnswers("local", {}), 1: DockerAnswers("user@worker-node", {worker: ("running", "1")},
+                                                               gone_before_rm=worker)}
+    said: list[str] = []
+    assert stop(plan, runners, said.append, ranks=(1,)) == []
+    assert said == [f"rank 1 on user@worker-node: {worker} not there"]
+
+
+def test_status_calls_an_answer_it_cannot_read_not_reached_never_not_there(tmp_path, monkeypatch):
+    """status shows docker's state, `not there` (docker answered it has no such container), or `could not reach`:
+    a docker that answered with something other than the fields asked for told nothing of the rank."""
+    from sparkstack.launch.apply import status
+
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    plan = _plan()
+    head, worker = (r.name for r in plan.ranks)
+    rows, _ = status(plan, {0: DockerAnswers("local", {head: ("exited", "0")}),
+                            1: DockerAnswers("user@worker-node", {})})
+    assert [row["state"] for row in rows] == ["exited", "not there"]
+    rows, _ = status(plan, {0: DockerAnswers("local", {head: ("exited", "0")}, unreadable=True),
+                            1: DockerAnswers("user@worker-node", {worker: ("exited", "1")}, unreadable=True)})
+    assert all(row["state"].startswith("could not reach: ") for row in rows), rows

@@ -324,6 +324,25 @@ def test_an_exited_container_holding_a_ranks_name_fails_preflight():
     assert stale[1][0] == "fail" and "sparkstack launch 1 stop" in stale[1][1]
 
 
+def test_a_container_of_a_ranks_name_labelled_for_another_rank_is_refused_not_removed():
+    """Only a container sparkstack started for this very rank is left from an earlier launch of it (removed
+    before the rank starts); one of the name that carries another rank's label (a NAME without {rank}, two
+    launches crossing) was not started as this rank: refused by name, never touched."""
+    from sparkstack.launch.plan import plan_launch_from_recipe
+    from sparkstack.launch.preflight import docker_checks
+    from sparkstack.recipe import load_recipe
+
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    worker = plan.ranks[1].name
+    crossed = ContainerHost({worker: "exited"})
+    crossed.labels[worker] = "0"
+    stale = {c.rank: (c.status, c.detail) for c in docker_checks(plan, {0: ContainerHost({}), 1: crossed}, gates=False)
+             if c.name == "stale-container"}
+    assert stale[1][0] == "fail", stale[1]
+    assert "not started by sparkstack as rank 1" in stale[1][1] and "org.sparkstack.rank=0" in stale[1][1], stale[1]
+    assert "removed" not in stale[1][1]
+
+
 @pytest.mark.parametrize("peer, images, expect", [
     ("running", {}, "pass"),  # the design card's order: rank 1 up, then rank 0
     (None, {}, "warn"),  # no rank 1: out of the order; the head waits for it at the rendezvous

@@ -3,9 +3,12 @@ boot identities from the real launch plans, content keys, boot estimates from ru
 table with compare's noise bands and the boot's figures, a failed cell's row, and the picture."""
 
 import json
+import os
 from pathlib import Path
 
+import hostfix
 import pytest
+import standins
 from clirun import PLANNED
 
 from sparkstack.bench.plot import PNG_SIGNATURE, png_marker
@@ -435,3 +438,21 @@ def test_one_numeric_knob_is_a_numeric_axis_two_knobs_are_ticks():
     rep = sweep_report(new_state(plan, "s", BENCH, NOW), {})
     xs, ticks, labels, title = x_positions(rep)
     assert labels == ["MOE_BACKEND=marlin\nEAGER=0", "MOE_BACKEND=cutlass\nEAGER=0"] and title == "cell"
+
+
+@pytest.mark.parametrize("utils, refusal", [
+    ("0.90,1.0", "would run, but cell(s) 2 would fail their preflight (failed rows)"),
+    ("0.99,1.0", "would boot no cell: each would fail its preflight"),
+])
+def test_the_dry_runs_verdict_says_whether_any_cell_would_boot(run_cli, tmp_path, utils, refusal):
+    """docs/commands/sweep.md: the verdict is `would boot no cell` only when every cell fails its preflight; when
+    some pass, it names the cells that would fail (they become failed rows). Either way a failed check exits 1.
+    The healthy host's MemAvailable is 114.44 GiB: 0.90 x 121.69 GiB fits, 0.99 and 1.0 do not."""
+    standins.install(tmp_path / "bin")
+    root, home = hostfix.write_host(tmp_path / "root"), hostfix.write_hub(tmp_path / "hf")
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(tmp_path / "calls.jsonl"),
+           "HF_HOME": str(home), "VLLM_API_KEY": "k", "SPARKSTACK_STATE_DIR": str(tmp_path / "state")}
+    proc = run_cli("sweep", "--vary", f"GPU_MEM_UTIL={utils}", "--host-root", root, "--dry-run", env=env, check=PLANNED)
+    assert proc.returncode == 1
+    last = proc.stdout.splitlines()[-1]
+    assert f"`sparkstack sweep` {refusal} (first: cell " in last, last
