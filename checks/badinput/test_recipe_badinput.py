@@ -52,6 +52,9 @@ CASES = {
                                             "--max-num-seqz is not a flag of vLLM 0.32.0"),
     "a typo'd engine switch": (lambda t: t.replace('"--enable-auto-tool-choice"', '"--enable-auto-tool-choise"'),
                                "(nearest: --enable-auto-tool-choice)"),
+    "a typo'd flag after a flag that takes a value": (
+        lambda t: t.replace('"--max-num-seqs", "6"', '"--seed", "--max-nun-seqs", "6"'),
+        "args: --seed needs a value, got the option '--max-nun-seqs'"),
     "an engine flag prefix of several": (lambda t: t.replace('"--max-num-seqs", "6"', '"--max-num", "6"'),
                                          "--max-num is ambiguous to vLLM 0.32.0's `vllm serve`: it begins"),
     "a revision that is a number": (lambda t: t.replace('model_revision = "unpinned"', "model_revision = 7"),

@@ -169,3 +169,26 @@ def test_status_calls_an_answer_it_cannot_read_not_reached_never_not_there(tmp_p
     rows, _ = status(plan, {0: DockerAnswers("local", {head: ("exited", "0")}, unreadable=True),
                             1: DockerAnswers("user@worker-node", {worker: ("exited", "1")}, unreadable=True)})
     assert all(row["state"].startswith("could not reach: ") for row in rows), rows
+
+
+def test_stop_refused_by_a_reachable_docker_says_refused_not_unreachable():
+    """A docker that answers and will not remove the container (here: a removal already in progress) was reached:
+    the line says docker refused, gives the command to run by hand, and the stop fails."""
+    from sparkstack.launch.apply import stop
+
+    class Refusing(DockerAnswers):
+        def run_docker(self, *args, timeout=None, env=None):
+            if args[:2] == ("rm", "-f"):
+                return subprocess.CompletedProcess(args, 1, "", "Error response from daemon: removal of container "
+                                                                 f"{args[-1]} is already in progress\n")
+            return super().run_docker(*args, timeout=timeout, env=env)
+
+    plan = _plan()
+    head, worker = (r.name for r in plan.ranks)
+    runners = {0: Refusing("local", {head: ("running", "0")}), 1: DockerAnswers("user@worker-node", {})}
+    said: list[str] = []
+    failures = stop(plan, runners, said.append)
+    assert said[0] == (f"rank 0 on local: {head} not removed: docker refused: Error response from daemon: removal of "
+                       f"container {head} is already in progress")
+    assert said[1] == f"  stop it by hand: docker rm -f {head}" and "could not reach" not in " ".join(said)
+    assert len(failures) == 1 and failures[0].startswith(f"rank 0 on local: docker refused to remove {head}")

@@ -491,6 +491,13 @@ def stop(plan: LaunchPlan, runners: dict[int, Runner], on_event: Callable[[str],
         if proc is not None and docker_answer(proc) != UNREACHABLE:
             on_event(f"rank {rank_no} on {where}: {rank.name} {'removed' if proc.returncode == 0 else 'not there'}")
             continue
+        if proc is not None and proc.returncode == 1 and "Error response from daemon" in (proc.stderr or ""):
+            refused = failure_line(proc)  # docker answered, and would not remove it: reached, not removed
+            on_event(f"rank {rank_no} on {where}: {rank.name} not removed: docker refused: {refused}")
+            on_event(f"  stop it by hand: {runner.by_hand(argv)}")
+            failures.append(f"rank {rank_no} on {where}: docker refused to remove {rank.name} ({refused}); "
+                            f"stop it by hand: {runner.by_hand(argv)}")
+            continue
         reason = found.reason if proc is None else unreachable_reason(runner, proc)
         on_event(f"rank {rank_no} on {where}: could not reach: {reason}")
         on_event(f"  stop it by hand: {runner.by_hand(argv)}")

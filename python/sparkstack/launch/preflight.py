@@ -556,7 +556,7 @@ def _peer_check(rank: RankPlan, proc, image: str | None) -> PreflightCheck:
     first, then the head: a worker launched before the head waits for it; a head launched alone needs its
     workers running already, on its image."""
     said = proc.stdout.split() if proc.returncode == 0 else []
-    if proc.returncode != 0 and "no such" not in (proc.stderr + proc.stdout).lower():
+    if docker_answer(proc) == UNREACHABLE:  # only docker's own "no such container" means there is none
         return PreflightCheck("peer", "warn", f"cannot tell whether {rank.name} runs: {failure_line(proc)}", rank.rank)
     restart = ("`sparkstack launch stop`, then the workers (`sparkstack launch 1` ...), then `sparkstack launch 0`")
     if rank.rank == 0:  # a worker launched alone

@@ -233,17 +233,19 @@ def check_args(where: str, raw: list) -> tuple[str, ...]:
     """
     engine = serve_flags()
     args: list[str] = []
-    value_next = False
+    wants_value: str | None = None  # the flag before, when it takes the next arg as its value
     for a in raw:
         a = unquote_arg(where, a)
-        if a.startswith("--") and not value_next:
+        if a.startswith("--"):  # argparse never takes a `--` arg as a value: it is always a flag
+            if wants_value is not None:
+                raise SparkstackError(f"{where}: {wants_value} needs a value, got the option {quoted(a)}")
             # a typo'd flag fails a real boot 15 minutes in; the recorded parser catches it here
             if problem := engine.problem(a):
                 raise SparkstackError(f"{where}: {problem}")
-            value_next = engine.takes_value(a)
+            wants_value = a if engine.takes_value(a) else None
             a = engine.spelled_out(a)
         else:
-            value_next = False
+            wants_value = None
         flag, eq, value = a.partition("=")
         args += [flag, value] if eq and flag in VALUE_FLAGS else [a]
     seen: set[str] = set()
