@@ -97,6 +97,29 @@ def test_checkout_layout_still_resolves(world, run_cli):
     assert load_overlay(world["overlay"]).steps[3].script.sha256 == sha(fx.FIXTURE_SCRIPTS[DISABLED_SCRIPT].encode())
 
 
+def test_a_checkout_at_another_rev_than_overlay_toml_says_so(world, run_cli):
+    """The docs tell users to check out overlay.toml's rev; a checkout at another commit is named (its files, which
+    the hashes judge, are still what is pinned)."""
+    import subprocess
+
+    checkout = fx.write_overlay_source(world["tmp"] / "checkout")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "fixture"], check=True)
+    head = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    rev = load_overlay(world["overlay"]).rev
+    proc = run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", checkout, "--dry-run", check=0)
+    (note,) = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
+    assert f"git checkout at {head[:12]}, not overlay.toml's rev {rev[:12]}" in note and f"checkout {rev}" in note
+    doc = json.loads(run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", checkout, "--dry-run",
+                             "--json", check=0).stdout)
+    assert len(doc["notes"]) == 1
+    plain = fx.write_overlay_source(world["tmp"] / "plain")  # no .git: nothing to say
+    assert "note:" not in run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", plain,
+                                  "--dry-run", check=0).stdout
+
+
 def test_real_overlay_copy_pins_a_blog_dir_and_refuses_its_bundle_by_hash(world, run_cli):
     overlay = world["tmp"] / "real-overlay"
     shutil.copytree(REPO / "overlays/dflash2", overlay)

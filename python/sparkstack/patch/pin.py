@@ -9,6 +9,7 @@ site-packages or the Nix store.
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class PinPlan:
     overlay_toml: Path
     hashes: tuple[tuple[str, str], ...]  # (file, sha256) of every file pinned
     changes: tuple[PinChange, ...]
+    notes: tuple[str, ...] = ()  # what the user should know about the source (a checkout at another rev)
 
     @property
     def up_to_date(self) -> bool:
@@ -41,14 +43,14 @@ class PinPlan:
 
     def to_json(self) -> dict:
         return {"overlay": str(self.overlay_toml), "up_to_date": self.up_to_date,
-                "hashes": dict(self.hashes),
+                "hashes": dict(self.hashes), "notes": list(self.notes),
                 "changes": [{"table": c.table, "position": c.position, "file": c.file, "old": c.old, "new": c.new}
                             for c in self.changes]}
 
     def lines(self, dry_run: bool) -> list[str]:
         """The human form of `pin overlay`: each change, then what was written."""
         # Each file's hash first, in sha256sum's own format, so two sources compare with diff or sha256sum -c.
-        hashes = [f"{sha}  {file}" for file, sha in self.hashes]
+        hashes = [f"{sha}  {file}" for file, sha in self.hashes] + [f"note: {n}" for n in self.notes]
         if self.up_to_date:
             return [*hashes, f"up to date: {self.overlay_toml}"]
         lines = [f"{'would pin' if dry_run else 'pinned'} {ch.file}: {ch.old} -> {ch.new}" for ch in self.changes]
@@ -104,7 +106,23 @@ def plan_pin(overlay_dir: Path, overlay_src: Path, wheel_dir: Path | None = None
         raise SparkstackError(f"{overlay_src}: {len(differ)} file(s) differ from what {overlay.path} pins: {listed}; "
                               "this is not the pinned overlay (pass --repin to pin it instead, then commit "
                               "overlay.toml)")
-    return PinPlan(overlay.path, tuple(sorted(hashes.items())), changes)
+    return PinPlan(overlay.path, tuple(sorted(hashes.items())), changes, _checkout_notes(overlay_src, overlay.rev))
+
+
+def _checkout_notes(src: Path, rev: str) -> tuple[str, ...]:
+    """A git checkout at another commit than overlay.toml's rev: said, since the rev is what the docs tell users
+    to check out (the files' hashes still decide what is pinned and built)."""
+    if not (src.is_dir() and (src / ".git").exists()):
+        return ()
+    try:
+        proc = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    head = proc.stdout.strip()
+    if proc.returncode != 0 or head == rev:
+        return ()
+    return (f"{src} is a git checkout at {head[:12]}, not overlay.toml's rev {rev[:12]}: its files are what is "
+            f"hashed here; `git -C {src} checkout {rev}` gives the pinned rev's",)
 
 
 def apply_pin(plan: PinPlan) -> None:
