@@ -4,6 +4,7 @@ InstantTensor variant's own gates, `plan kv`'s reason per KV dtype, the drafter'
 
 import json
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -53,6 +54,9 @@ def test_launch_runs_the_gates_before_any_rank_starts_unless_told_not_to(launch_
     assert [c[c.index("-c") + 1] == ARGV_GATE for c in gates] == [True, True, False, False, False], gates
     first_start = next(i for i, c in enumerate(calls) if "run" in c and "-d" in c)
     assert calls.index(gates[-1]) < first_start  # before the boot, not after it
+    proc, calls = launch_calls(launch_world)  # the same image and gate argvs: the passes are remembered
+    assert gate_runs(calls) == [], gate_runs(calls)
+    shutil.rmtree(launch_world[0] / "state" / "gates")  # forgotten: they run again
     proc, calls = launch_calls(launch_world, "--gates")  # still accepted: what users already type
     assert len(gate_runs(calls)) == 5
     proc, calls = launch_calls(launch_world, "--no-gates")

@@ -106,7 +106,7 @@ def test_previous_outputs_are_replaced_and_marked(run_cli, world, model, tmp_pat
     out = tmp_path / "image"
     first = json.loads(image_build(run_cli, world, out).stdout)["result"]
     (world["src"] / "overlay-dflash2/dflash2/speculator.py").write_text("class DFlash2Speculator:\n    width = 9\n")
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], check=0)
+    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], "--repin", check=0)
     second = json.loads(image_build(run_cli, world, out).stdout)["result"]
     assert second["config_digest"] != first["config_digest"] and not second["up_to_date"]
     marker = json.loads((out / ".sparkstack/output.json").read_text())
