@@ -101,6 +101,22 @@ def test_second_run_is_a_no_op(cache, run_cli):
     assert plan["up_to_date"] is True
 
 
+def test_a_plain_directory_output_is_up_to_date_until_its_files_change(run_cli, tmp_path):
+    """A plain model directory in, a plain one out: a second run finds it up to date, and an edit in place of a
+    file it wrote makes the next run redo the work."""
+    entry = tmp_path / "model"
+    synth.write_model_dir(entry)
+    out = tmp_path / "plain"
+    run_cli("strip", entry, "--out", out, check=0)
+    assert not (out / "snapshots").exists() and (out / MIXED).is_file()  # a plain directory, not a cache entry
+    proc = run_cli("strip", entry, "--out", out, check=0)
+    assert "up to date" in proc.stdout, proc.stdout
+    assert json.loads(run_cli("strip", entry, "--out", out, "--dry-run", "--json", check=0).stdout)["up_to_date"]
+    _edit_in_place(out / MIXED, "model.layers.2.mlp.down_proj.weight")
+    proc = run_cli("strip", entry, "--out", out, check=0)
+    assert "up to date" not in proc.stdout
+
+
 def _edit_in_place(path: Path, tensor: str) -> bytes:
     """Flip one byte of `tensor`'s data in the file behind `path`, keeping its inode and size, and move its
     mtime on by a second (so the test never hangs on the clock's granularity). Returns the tensor's new bytes."""

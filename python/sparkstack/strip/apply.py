@@ -120,6 +120,10 @@ class _Staged:
             real = target
         self.files.append(OutputFile(relpath, how, size, blob, fsio.file_identity(real)))
 
+    def _record_plain(self, relpath: str, how: str, size: int) -> None:
+        # The stage is renamed into place whole, so the identity taken here is the published file's.
+        self.files.append(OutputFile(relpath, how, size, None, fsio.file_identity(self.model_dir / relpath)))
+
     def _have_blob(self, blob: str, same_as: Path | None = None) -> bool:
         """Already staged, or already published and intact: the very file `same_as` (a hardlink of the source),
         or a blob whose bytes still match its name. Anything else is staged afresh and replaces it."""
@@ -141,7 +145,7 @@ class _Staged:
         if not self.cache:
             (self.model_dir / relpath).parent.mkdir(parents=True, exist_ok=True)
             how = fsio.link_or_copy(src, self.model_dir / relpath)
-            self.files.append(OutputFile(relpath, how, size, None))
+            self._record_plain(relpath, how, size)
             return
         if blob is None:  # a plain file inside a snapshot: name it as the hub would
             data = src.read_bytes() if not relpath.endswith(".safetensors") else None
@@ -154,7 +158,7 @@ class _Staged:
     def add_new(self, relpath: str, data: bytes) -> None:
         if not self.cache:
             fsio.write_durable(self.model_dir / relpath, data)
-            self.files.append(OutputFile(relpath, "new", len(data), None))
+            self._record_plain(relpath, "new", len(data))
             return
         blob = git_blob_name(data)
         if not self._have_blob(blob):
@@ -191,7 +195,7 @@ class _Staged:
             final = self.model_dir / shard.relpath
             final.parent.mkdir(parents=True, exist_ok=True)
             os.rename(tmp, final)
-            self.files.append(OutputFile(shard.relpath, "rewrite", shard.out_size, None))
+            self._record_plain(shard.relpath, "rewrite", shard.out_size)
 
 
 def _runs(shard: ShardPlan) -> list[tuple[int, int]]:
