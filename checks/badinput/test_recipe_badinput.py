@@ -57,6 +57,21 @@ CASES = {
         "args: --seed needs a value, got the option '--max-nun-seqs'"),
     "an engine flag prefix of several": (lambda t: t.replace('"--max-num-seqs", "6"', '"--max-num", "6"'),
                                          "--max-num is ambiguous to vLLM 0.32.0's `vllm serve`: it begins"),
+    "a per-rank flag": (lambda t: t.replace('"--max-num-seqs", "6"', '"--headless", "--max-num-seqs", "6"'),
+                        "args: --headless is set per rank by launch; remove it from args"),
+    "an unknown short flag": (lambda t: t.replace('"--max-num-seqs", "6"', '"-x", "--max-num-seqs", "6"'),
+                              "args: -x is not a flag of vLLM 0.32.0's `vllm serve`"),
+    "a short flag after a flag that takes a value": (
+        lambda t: t.replace('"--max-num-seqs", "6"', '"--max-num-seqs", "-tp"'),
+        "args: --max-num-seqs needs a value, got the option '-tp'"),
+    "the API key in args": (lambda t: t.replace('"--max-num-seqs", "6"', '"--api-key", "sk-live", "--max-num-seqs", "6"'),
+                            "args: --api-key puts the key in the container's argv, where `docker inspect` and `ps` "
+                            "show it; remove it and set VLLM_API_KEY instead"),
+    "the API key spelled with an equals sign": (lambda t: t.replace('"--max-num-seqs", "6"', '"--api_key=sk-live", "--max-num-seqs", "6"'),
+                                                "args: --api-key puts the key"),
+    "an escape in an arg": (lambda t: t.replace('"glm45"', '"glm45\\u001b[2J"'), "holds a control character"),
+    "an arg past any flag's size": (lambda t: t.replace('"glm45"', '"' + "g" * 40000 + '"'),
+                                    "args: the value of --reasoning-parser is 40000 bytes, over 32768"),
     "a revision that is a number": (lambda t: t.replace('model_revision = "unpinned"', "model_revision = 7"),
                                     "model_revision must be a string"),
 }
@@ -72,6 +87,26 @@ def test_bad_recipe(tmp_path, run_cli, case):
         assert proc.returncode == 1, proc.stdout
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sparkstack: error: "), proc.stderr
         assert expect in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("edit, note", [
+    ('"--port", "9999", "--max-num-seqs", "6"',
+     "note: the recipe's args say --port '9999'; launch sets --port '8888' from API_PORT (remove it from args, or set "
+     "API_PORT)"),
+    ('"-tp", "4", "--max-num-seqs", "6"',
+     "note: the recipe's args say --tensor-parallel-size '4'; launch sets --tensor-parallel-size '2' from the recipe's "
+     "tensor_parallel_size (remove it from args)"),
+])
+def test_a_flag_launch_writes_itself_is_overruled_in_a_note_not_silently(tmp_path, run_cli, edit, note):
+    path = tmp_path / "recipe.toml"
+    path.write_text(BASE.read_text().replace('"--max-num-seqs", "6"', edit))
+    proc = run_cli("launch", "all", "--recipe", path, "--dry-run", env={"API_PORT": "8888"})
+    assert note in proc.stdout, proc.stdout + proc.stderr
+    flag = note.split("say ")[1].split(" ")[0]
+    doc = json.loads(run_cli("launch", "all", "--recipe", path, "--dry-run", "--json", env={"API_PORT": "8888"}).stdout)
+    assert note.removeprefix("note: ") in doc["notes"]
+    for rank in doc["ranks"]:
+        assert rank["engine_argv"].count(flag) == 1  # launch's own copy only
 
 
 def test_clock_cap_is_written_without_leading_zeros(tmp_path):

@@ -52,6 +52,8 @@ SPELLINGS = [
     ["--no-enable-prefix-caching"], ["--compilation-config.mode", "3"], ["--speculative-config.method", "dflash"],
     ["--max-num-seqz", "6"], ["--max-num", "6"], ["--spec"], ["--enable-auto-tool-choise"], ["--kv-cache-memory-byte", "1"],
     ["--max-num-seqs-x", "6"], ["--no-such-flag"], ["--reasoning-parser", "glm45"], ["--reasoning_parser=glm45"],
+    ["-tp", "2"], ["-tp=2"], ["-tp2"], ["-t", "2"], ["-d", "1"], ["-dp", "1"], ["-qfp8"], ["-n2"], ["-O3"], ["-x"],
+    ["-cc.mode=3"], ["-sc.method", "dflash"], ["-X"],
 ]
 
 # One vLLM import for all: the gate's judge() on every argv, the gate's option_kinds() (what the flags file
@@ -70,7 +72,7 @@ def takes(tail):
     except gate["Refused"]:
         return False
 print(json.dumps({"verdicts": {k: gate["judge"](v) for k, v in asked["argvs"].items()},
-                  "flags": gate["option_kinds"](), "vllm": vllm.__version__,
+                  "flags": gate["option_kinds"](), "short": gate["short_options"](), "vllm": vllm.__version__,
                   "spellings": [takes(tail) for tail in asked["spellings"]]}))
 """
 
@@ -165,6 +167,7 @@ def test_the_recorded_flags_are_the_pinned_vllms_own(judged):
     only_recorded, only_vllm = set(recorded["flags"]) - set(judged["flags"]), set(judged["flags"]) - set(recorded["flags"])
     assert not only_recorded and not only_vllm, (sorted(only_recorded), sorted(only_vllm))
     assert recorded["flags"] == judged["flags"]
+    assert recorded["short"] == judged["short"] and "-tp" in recorded["short"]
 
 
 def test_the_recorded_flags_read_each_spelling_as_vllm_serve_does(judged):

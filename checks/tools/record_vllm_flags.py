@@ -28,7 +28,8 @@ import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("argv_gate", sys.argv[1])
 gate = importlib.util.module_from_spec(spec); spec.loader.exec_module(gate)
 import vllm
-print(json.dumps({"vllm": vllm.__version__, "flags": dict(sorted(gate.option_kinds().items()))}))
+print(json.dumps({"vllm": vllm.__version__, "flags": dict(sorted(gate.option_kinds().items())),
+                  "short": dict(sorted(gate.short_options().items()))}))
 """
 
 def ask(python: str) -> dict:
@@ -43,7 +44,7 @@ def document(found: dict) -> str:
     version = found["vllm"].split("+")[0]
     return json.dumps({"comment": "vllm serve's option strings, as its own parser takes them; made by "
                                   "checks/tools/record_vllm_flags.py: do not edit", "vllm": version,
-                       "flags": found["flags"]}, indent=1) + "\n"
+                       "flags": found["flags"], "short": found["short"]}, indent=1) + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,9 @@ from sparkstack.recipe.engine_flags import ServeFlags, serve_flags
 
 SMALL = ServeFlags("9.9.9", {"--max-num-seqs": "value", "--max-num-batched-tokens": "value", "--enforce-eager": "switch",
                              "--kv-cache-memory-bytes": "value", "--compilation-config": "value", "--api-key": "value",
-                             "--api-server-count": "value", "--lora-path": "optional"})
+                             "--api-server-count": "value", "--lora-path": "optional", "--quantization": "value",
+                             "--tensor-parallel-size": "value", "--optimization-level": "value"},
+                   {"-q": "--quantization", "-cc": "--compilation-config", "-tp": "--tensor-parallel-size", "-asc": "--api-server-count"})
 
 
 @pytest.mark.parametrize("arg, option", [
@@ -23,6 +25,15 @@ SMALL = ServeFlags("9.9.9", {"--max-num-seqs": "value", "--max-num-batched-token
     ("--api", None),
     ("--max-num-seqz", None),
     ("--enforce-eagerly", None),
+    ("-tp", "--tensor-parallel-size"),  # a short option string
+    ("-tp=2", "--tensor-parallel-size"),
+    ("-qfp8", "--quantization"),  # a one-letter short option with its value attached
+    ("-t", "--tensor-parallel-size"),  # argparse's unique prefix, among the short ones
+    ("-a", "--api-server-count"),
+    ("-O3", "--optimization-level"),  # vLLM's own rewrite of -O
+    ("-cc.mode", "--compilation-config"),  # a dict flag's key, after its short form
+    ("-tp2", None),  # -t is no option, so nothing takes the 2
+    ("-x", None),
 ])
 def test_option_of_reads_a_flag_as_the_parser_does(arg, option):
     assert SMALL.option_of(arg) == option
@@ -31,10 +42,27 @@ def test_option_of_reads_a_flag_as_the_parser_does(arg, option):
 @pytest.mark.parametrize("arg, takes", [
     ("--max-num-seqs", True), ("--max-num-seqs=6", False), ("--enforce-eager", False),
     ("--compilation-config.mode", True), ("--lora-path", False), ("--nope", False),
+    ("-tp", True), ("-tp=2", False), ("-qfp8", False), ("-O3", False),
 ])
 def test_takes_value(arg, takes):
     """A dict key's value follows it; `=` carries its own; an optional value is not taken blindly."""
     assert SMALL.takes_value(arg) is takes
+
+
+@pytest.mark.parametrize("arg, spelled", [
+    ("-tp", "--tensor-parallel-size"), ("-tp=2", "--tensor-parallel-size=2"), ("-qfp8", "--quantization=fp8"),
+    ("-O3", "--optimization-level=3"), ("-O=2", "--optimization-level=2"), ("-x", "-x"),
+    ("-cc.mode=3", "--compilation-config.mode=3"),
+])
+def test_a_short_flag_is_spelled_out_as_its_long_one(arg, spelled):
+    """So a knob finds `-tp 2` as its twin, and the image's gate reads the argv as the dry run did."""
+    assert SMALL.spelled_out(arg) == spelled
+
+
+def test_an_unknown_short_flag_names_the_short_ones_it_might_be():
+    assert SMALL.problem("-tq") == ("-tq is not a flag of vLLM 9.9.9's `vllm serve` (its short flags beginning -t: "
+                                    "-tp; or spell the flag out)")
+    assert "vllm serve --help" in SMALL.problem("-x")
 
 
 def test_a_typo_names_the_nearest_flag_and_the_version():

@@ -37,6 +37,12 @@ def option_kinds():
     return {s: kinds.get(a.nargs, "value") for a in parser()._actions for s in a.option_strings if s.startswith("--")}
 
 
+def short_options():
+    """Every single-dash option string of `vllm serve` (-tp), and the long one it stands for (--tensor-parallel-size)."""
+    return {s: next(o for o in a.option_strings if o.startswith("--")) for a in parser()._actions
+            for s in a.option_strings if not s.startswith("--") and any(o.startswith("--") for o in a.option_strings)}
+
+
 def registered(kind):
     manager = _first(("vllm.tool_parsers", "ToolParserManager"),
                      ("vllm.entrypoints.openai.tool_parsers", "ToolParserManager")) if kind == "tool" else \

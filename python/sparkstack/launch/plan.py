@@ -25,6 +25,12 @@ GENERATED_FLAGS = ("--served-model-name", "--host", "--port", "--trust-remote-co
                    "--distributed-executor-backend", "--nnodes", "--node-rank", "--master-addr", "--master-port",
                    "--headless")
 BARE_FLAGS = {"--trust-remote-code", "--headless"}
+PER_RANK_FLAGS = ("--node-rank", "--headless")  # one recipe serves every rank: a fixed copy would be wrong for one
+# Where launch's value of a generated flag comes from, for the refusal of a recipe copy that says otherwise.
+GENERATED_FROM = {"--served-model-name": "SERVED_NAME", "--host": "launch (every interface)", "--port": "API_PORT",
+                  "--tensor-parallel-size": "the recipe's tensor_parallel_size",
+                  "--distributed-executor-backend": "the recipe's distributed_backend", "--nnodes": "the rank count",
+                  "--master-addr": "MASTER_ADDR", "--master-port": "MASTER_PORT"}
 # Knobs that set one engine flag in the recipe's args: (flag, insert-after anchor).
 VALUE_KNOBS = {
     "MAX_MODEL_LEN": ("--max-model-len", None),
@@ -61,13 +67,14 @@ class LaunchPlan:
     profile: str
     ranks: tuple[RankPlan, ...]
     gpu_memory_utilization: float  # what the engine is told (--gpu-memory-utilization), or vLLM's default
+    overruled: tuple[str, ...] = ()  # the recipe's copies of generated flags that launch writes otherwise
 
     recipe = property(lambda self: self.deployment.recipe)
     knobs = property(lambda self: self.deployment.knobs)
     image = property(lambda self: self.deployment.image)
     model_revision = property(lambda self: self.deployment.model_revision)
     drafter_revision = property(lambda self: self.deployment.drafter_revision)
-    notes = property(lambda self: self.deployment.notes)
+    notes = property(lambda self: self.deployment.notes + self.overruled)
     image_source = property(lambda self: self.deployment.image_source)
     image_config_digest = property(lambda self: self.deployment.image_config_digest)
     image_layout = property(lambda self: self.deployment.image_layout)
@@ -106,6 +113,30 @@ def _after(args: list[str], anchor: str | None) -> int:
         i = args.index(anchor)
         return i + (2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1)
     return len(args)
+
+
+def generated_copies_overruled(recipe: Recipe, generated: list[str]) -> tuple[str, ...]:
+    """A recipe's copy of a flag launch writes itself is dropped. One that says what launch says (the seed's
+    `--trust-remote-code`) goes silently; one that says otherwise is named in a note, since launch's value wins
+    (the seed's `--served-model-name glm53` under SERVED_NAME); a per-rank flag is refused: one recipe serves
+    every rank, so a fixed copy is wrong for one of them."""
+    values = {}
+    for i, a in enumerate(generated):
+        if a in GENERATED_FLAGS:
+            values[a] = None if a in BARE_FLAGS else generated[i + 1]
+    notes = []
+    args = recipe.args
+    for i, flag in enumerate(args):
+        if flag not in GENERATED_FLAGS or flag == "--trust-remote-code":
+            continue
+        if flag in PER_RANK_FLAGS:
+            raise SparkstackError(f"{recipe.name} args: {flag} is set per rank by launch; remove it from args")
+        value = args[i + 1] if i + 1 < len(args) else ""
+        if value != values[flag]:
+            source = GENERATED_FROM[flag]
+            notes.append(f"the recipe's args say {flag} {quoted(value)}; launch sets {flag} {quoted(values[flag])} "
+                         f"from {source} (remove it from args" + (f", or set {source})" if source.isupper() else ")"))
+    return tuple(notes)
 
 
 def tail_args(recipe: Recipe, knobs: Knobs, drafter_path: str | None) -> list[str]:
@@ -174,8 +205,9 @@ def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str
     in_container = {s.label: snapshot_text(CONTAINER_HUB, s.cache_name, s.revision or "<refs/main missing>")
                     for s in deployment.served}
     model_path, drafter_path = in_container["model"], in_container.get("drafter")
-    tail = tail_args(recipe, knobs, drafter_path)
     nnodes = len(deployment.ranks)
+    overruled = generated_copies_overruled(recipe, engine_argv(recipe, knobs, 0, nnodes, model_path, []))
+    tail = tail_args(recipe, knobs, drafter_path)
     ranks = []
     for r in deployment.ranks:
         secret = tuple(k for k in SECRET_ENV if k in environ) if r.rank == 0 else ()
@@ -187,7 +219,7 @@ def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str
     flag = "--gpu-memory-utilization"
     head = ranks[0].docker_run
     utilization = float(head[head.index(flag) + 1]) if flag in head else DEFAULT_GPU_MEMORY_UTILIZATION
-    return LaunchPlan(deployment, profile, tuple(ranks), utilization)
+    return LaunchPlan(deployment, profile, tuple(ranks), utilization, overruled)
 
 
 def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,

@@ -205,6 +205,12 @@ def _check(where: str, table: dict, schema: dict) -> None:
             raise SparkstackError(f"{where}: {key} must be {_TOML_TYPES[want]}, got {_toml_type(value)} {quoted(value)}")
 
 
+CONTROL = re.compile(r"[\x01-\x08\x0b-\x1f\x7f]")
+MAX_ARG_BYTES = 32 * 1024  # a quarter of Linux's limit on one argv element (MAX_ARG_STRLEN)
+OPTION_LIKE = re.compile(r"--|-[A-Za-z]")  # what argparse always reads as an option, never as a value
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY"}
+
+
 def unquote_arg(where: str, arg: object) -> str:
     """An arg written for a shell (wrapped in quotes) becomes the one word the shell would have passed.
 
@@ -213,7 +219,10 @@ def unquote_arg(where: str, arg: object) -> str:
     if not isinstance(arg, str):
         raise SparkstackError(f"{where}: args must be strings, got {quoted(arg)}")
     if "\0" in arg:  # no argv element can carry a NUL byte
-        raise SparkstackError(f"{where}: arg {quoted(arg)} holds a NUL byte")
+        raise SparkstackError(f"{where}: arg {quoted(arg[:60])} holds a NUL byte")
+    if CONTROL.search(arg):  # an escape or a carriage return in an engine arg is a paste gone wrong, and
+        # would rewrite the terminal of whoever reads the argv; tabs and newlines are JSON's own whitespace
+        raise SparkstackError(f"{where}: arg {quoted(arg[:60])} holds a control character")
     if len(arg) >= 2 and arg[0] in "'\"" and arg[-1] == arg[0]:
         try:
             words = shlex.split(arg)
@@ -236,7 +245,11 @@ def check_args(where: str, raw: list) -> tuple[str, ...]:
     wants_value: str | None = None  # the flag before, when it takes the next arg as its value
     for a in raw:
         a = unquote_arg(where, a)
-        if a.startswith("--"):  # argparse never takes a `--` arg as a value: it is always a flag
+        if len(a.encode()) > MAX_ARG_BYTES:
+            what = f"the value of {wants_value}" if wants_value else f"an arg beginning {quoted(a[:40])}"
+            raise SparkstackError(f"{where}: {what} is {len(a.encode())} bytes, over {MAX_ARG_BYTES}: no engine flag "
+                                  "takes that much (a config that large belongs in a file)")
+        if OPTION_LIKE.match(a):  # argparse never takes `--x` or `-x` as a value: it is always a flag
             if wants_value is not None:
                 raise SparkstackError(f"{where}: {wants_value} needs a value, got the option {quoted(a)}")
             # a typo'd flag fails a real boot 15 minutes in; the recorded parser catches it here
@@ -244,6 +257,9 @@ def check_args(where: str, raw: list) -> tuple[str, ...]:
                 raise SparkstackError(f"{where}: {problem}")
             wants_value = a if engine.takes_value(a) else None
             a = engine.spelled_out(a)
+            if (flag := a.split("=", 1)[0]) in SECRET_FLAGS:  # an argv is shown by ps, docker inspect and our plans
+                raise SparkstackError(f"{where}: {flag} puts the key in the container's argv, where `docker inspect` "
+                                      f"and `ps` show it; remove it and set {SECRET_FLAGS[flag]} instead")
         else:
             wants_value = None
         flag, eq, value = a.partition("=")
@@ -260,7 +276,7 @@ def check_args(where: str, raw: list) -> tuple[str, ...]:
         seen.add(flag)
         if i + 1 == len(args):
             raise SparkstackError(f"{where}: {flag} is the last arg and has no value")
-        if args[i + 1].startswith("-"):
+        if OPTION_LIKE.match(args[i + 1]):
             raise SparkstackError(f"{where}: {flag} needs a value, got the option {quoted(args[i + 1])}")
         check_value(f"{where}: {flag} ", args[i + 1], VALUE_FLAGS[flag])
         i += 2
