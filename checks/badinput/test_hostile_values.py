@@ -320,6 +320,13 @@ def test_master_addr_is_an_ip_address(tmp_path, value):
         assert "IPv4 or IPv6" in err, err
 
 
+@pytest.mark.parametrize("value", ["127.0.0.1", "::1", "127.3.2.1"])
+def test_master_addr_on_loopback_is_refused_for_two_hosts(tmp_path, value):
+    """The worker is another machine: no loopback address of the head reaches it (::1 said so, not "reserved")."""
+    err = refused(launch(tmp_path, env={"MASTER_ADDR": value}), f"MASTER_ADDR='{value}' is a loopback address")
+    assert "set MASTER_ADDR=10.0.0.1" in err and "unicast" not in err
+
+
 @pytest.mark.parametrize("value", ["192.168.7.1", "fd00::1"])
 def test_master_addr_may_be_ipv4_or_ipv6(tmp_path, value):
     proc = launch(tmp_path, "--json", env={"MASTER_ADDR": value})

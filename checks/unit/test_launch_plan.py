@@ -100,7 +100,9 @@ def test_single_rank_prints_docker_run_object(run_cli, hf_home):
     doc = plan_json(run_cli, hf_home, "1")
     assert doc["docker_run"][:2] == ["docker", "run"] and doc["rank"] == 1
     assert without_labels(doc["docker_run"]) == old_launcher_argv(1, hf_home)
-    assert any(c["check"] == "nic" for c in doc["preflight"])  # reported, never fatal in a dry run
+    # rank 0 is not started: its host's facts are not judged; rank 1's are read over ssh, with --probe
+    assert [c["status"] for c in doc["preflight"] if c["check"] == "head"] == ["skip"]
+    assert not any(c["check"] == "nic" for c in doc["preflight"])
 
 
 KNOB_CASES = {
@@ -328,3 +330,15 @@ def test_fabric_addresses_follow_the_nodes_not_master_addr(run_cli, hf_home):
     assert "VLLM_HOST_IP=10.0.0.2" in doc["ranks"][1]["docker_run"]
     for r in doc["ranks"]:
         assert r["docker_run"][r["docker_run"].index("--master-addr") + 1] == "192.168.7.1"
+
+
+@pytest.mark.parametrize("ips, network", [
+    (("10.0.0.1", "10.0.0.2"), "10.0.0.0/24"),  # the seed's own value
+    (("10.1.2.1", "10.1.3.2"), "10.1.2.0/23"),
+    (("192.168.100.5", "192.168.100.6"), "192.168.100.0/24"),
+    (("10.0.0.1", "172.16.0.1"), "0.0.0.0/0"),
+])
+def test_nccl_takes_the_gids_of_the_network_holding_every_rank(ips, network):
+    from sparkstack.launch.plan import fabric_range
+
+    assert fabric_range(ips) == network

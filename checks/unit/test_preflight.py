@@ -39,12 +39,37 @@ def preflight(run_cli, world, *extra, env=None):
 def test_healthy_host_passes_everything(run_cli, world):
     checks = preflight(run_cli, world)
     statuses = {name: c["status"] for name, c in checks.items()}
-    assert statuses == {"recipe": "pass", "nic": "pass", "hca": "pass", "fabric-ip": "pass", "ports": "pass",
+    assert statuses == {"recipe": "pass", "nic": "pass", "hca": "pass", "fabric-ip": "pass", "master-addr": "pass",
+                        "ports": "pass",
                         "memory": "pass", "swappiness": "pass", "swappiness-persisted": "pass", "swap": "pass",
                         "persistence-mode": "pass", "clock-cap": "pass", "disk": "pass", "model-snapshot": "pass",
                         "chat-template": "pass", "quantization": "pass", "mtp-strip": "pass",
                         "drafter-snapshot": "pass", "kv-plan": "pass",
                         "api-key": "pass", "image": "skip"}
+
+
+def test_master_addr_must_be_an_address_of_rank_0s_host(run_cli, world):
+    """The workers meet rank 0 at MASTER_ADDR: another interface of the head will do, an address it lacks will not."""
+    root, _ = world
+    check = preflight(run_cli, world, env={"MASTER_ADDR": "192.168.7.1"})["master-addr"]
+    assert check["status"] == "fail" and "MASTER_ADDR 192.168.7.1 is not an address of this host" in check["detail"]
+    assert "set MASTER_ADDR=10.0.0.1" in check["detail"]
+    (root / "proc/net/fib_trie").write_text(FIB_TRIE.replace("  +-- 127.0.0.0/8", "  +-- 192.168.7.0/24 2 0 2\n"
+                                                              "        |-- 192.168.7.1\n           /32 host LOCAL\n"
+                                                              "  +-- 127.0.0.0/8"))
+    assert preflight(run_cli, world, env={"MASTER_ADDR": "192.168.7.1"})["master-addr"]["status"] == "pass"
+
+
+def test_launching_rank_1_alone_is_not_judged_on_rank_0s_host(run_cli, world):
+    """`launch 1` starts the worker only: a head whose NIC is down does not stop it, and the line says why."""
+    root, home = world
+    shutil.rmtree(root / f"sys/class/net/{NIC}")
+    proc = run_cli("launch", "1", "--dry-run", "--json", "--host-root", root,
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)})
+    checks = json.loads(proc.stdout)["preflight"]
+    head = [c for c in checks if c.get("rank") == 0]
+    assert [(c["check"], c["status"]) for c in head] == [("head", "skip")], head
+    assert preflight(run_cli, world)["nic"]["status"] == "fail"  # rank 0 launched: it is judged
 
 
 def _down(root, home):

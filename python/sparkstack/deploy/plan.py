@@ -8,6 +8,7 @@ launch, tune, ship, fetch, soak and top take a `Deployment`; launch adds the doc
 from __future__ import annotations
 
 import functools
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,7 +267,21 @@ def _ranks(recipe: Recipe, knobs: Knobs) -> list[Rank]:
         name = knobs["NAME"].replace("{rank}", str(rank))
         hub = hub_path(knobs["HF_HOME"], remote=ssh is not None)
         ranks.append(Rank(rank, node.host, ssh, fill("docker_host", node.docker_host), name, fabric_ip, nic, hca, hub))
+    if nnodes > 1:
+        _check_rendezvous(knobs["MASTER_ADDR"], ranks)
     return ranks
+
+
+def _check_rendezvous(master_addr: str, ranks: list[Rank]) -> None:
+    """The workers meet rank 0 at MASTER_ADDR and each other at their fabric addresses: none of them may be one
+    only its own host can reach. (That MASTER_ADDR is an address of rank 0's host is preflight's to check.)"""
+    for r in ranks:
+        if ipaddress.ip_address(r.fabric_ip).is_loopback:
+            raise SparkstackError(f"rank {r.rank} ({r.host}): fabric address {quoted(r.fabric_ip)} is a loopback "
+                                  f"address: the other {len(ranks) - 1} rank(s) cannot reach it")
+    if ipaddress.ip_address(master_addr).is_loopback:
+        raise SparkstackError(f"MASTER_ADDR={quoted(master_addr)} is a loopback address: the workers cannot reach "
+                              f"rank 0 there; set MASTER_ADDR={ranks[0].fabric_ip} (rank 0's fabric address)")
 
 
 def load_deployment(recipe: str | None, environ: Mapping[str, str], image: str | None = None) -> Deployment:

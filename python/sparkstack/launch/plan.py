@@ -6,6 +6,7 @@ options, the engine's flags, the recipe's tail with the knobs applied, the specu
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str
     for r in deployment.ranks:
         secret = tuple(k for k in SECRET_ENV if k in environ) if r.rank == 0 else ()
         argv = docker_run(recipe, knobs, r.rank, nnodes, r.name, r.hub, r.fabric_ip, r.nic, r.hca, model_path, tail,
-                          profile, secret)
+                          profile, secret, fabric_range(r.fabric_ip for r in deployment.ranks))
         engine = engine_argv(recipe, knobs, r.rank, nnodes, model_path, tail)
         ranks.append(RankPlan(r.rank, r.host, r.ssh, r.docker_host, r.name, r.fabric_ip, r.nic, r.hca, r.hub,
                               tuple(argv), secret, tuple(engine)))
@@ -223,7 +224,8 @@ def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str
 
 
 def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,
-               hca: str, model_path: str, tail: list[str], profile: str, secret_env: tuple[str, ...]) -> list[str]:
+               hca: str, model_path: str, tail: list[str], profile: str, secret_env: tuple[str, ...],
+               addr_range: str) -> list[str]:
     options = ["-d", "--name", name, "--restart", "no", "--gpus", "all", "--network", "host", "--ipc", "host",
                "--shm-size", recipe.shm_size, "--ulimit", "memlock=-1:-1", "--cap-add", "IPC_LOCK",
                "--device", "/dev/infiniband:/dev/infiniband", "-v", f"{hub}:{CONTAINER_HUB}:ro"]
@@ -241,7 +243,7 @@ def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, 
             env[knob] = knobs[knob]
             recipe_env.pop(knob, None)
     env.update(recipe_env)
-    env.update(nccl_env(nic, hca))
+    env.update(nccl_env(nic, hca, addr_range))
     for k, v in env.items():
         options += ["-e", f"{k}={v}"]
     for k in secret_env:
@@ -262,12 +264,23 @@ def engine_argv(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, model_path
     return [*engine, *tail]
 
 
-def nccl_env(nic: str, hca: str) -> dict[str, str]:
+def fabric_range(fabric_ips) -> str:
+    """The smallest network of /24 or wider holding every rank's fabric address: NCCL then takes the RoCE GIDs
+    on the fabric only (10.0.0.0/24 for the seed's 10.0.0.1 and 10.0.0.2)."""
+    ips = [ipaddress.IPv4Address(ip) for ip in fabric_ips]
+    for prefix in range(24, -1, -1):
+        net = ipaddress.IPv4Network(f"{ips[0]}/{prefix}", strict=False)
+        if all(ip in net for ip in ips):
+            return str(net)
+    raise AssertionError("0.0.0.0/0 holds every address")
+
+
+def nccl_env(nic: str, hca: str, addr_range: str) -> dict[str, str]:
     """NCCL and gloo pinned to the fabric port, as the tuned deployment runs them."""
     return {
         "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": hca, "NCCL_IB_GID_INDEX": "3",
         "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_SOCKET_IFNAME": nic, "GLOO_SOCKET_IFNAME": nic,
-        "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ADDR_RANGE": "10.0.0.0/24", "NCCL_NVLS_ENABLE": "0",
+        "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ADDR_RANGE": addr_range, "NCCL_NVLS_ENABLE": "0",
         "NCCL_CROSS_NIC": "0", "NCCL_IB_MERGE_NICS": "0", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1",
         "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_IB_TIMEOUT": "22",
     }

@@ -212,6 +212,19 @@ def check_fabric_ip(root: Path, ip: str, nic: str, rank: int) -> PreflightCheck:
     return fabric_ip_verdict(read_fabric(Runner(), str(root), nic, ""), ip, nic, rank)
 
 
+def check_master_addr(root: Path, addr: str, fabric_ip: str) -> PreflightCheck:
+    """The workers meet rank 0 at MASTER_ADDR: an address rank 0's host does not hold leaves them waiting."""
+    if addr == fabric_ip:
+        return PreflightCheck("master-addr", "pass", f"MASTER_ADDR {addr} is rank 0's fabric address", 0)
+    if ":" in addr:  # /proc/net/fib_trie holds IPv4 only
+        return PreflightCheck("master-addr", "skip", f"MASTER_ADDR {addr} is IPv6: preflight reads IPv4 addresses only", 0)
+    if addr not in _ips_in(read_fabric(Runner(), str(root), "", "").fib_trie):
+        return PreflightCheck("master-addr", "fail", f"MASTER_ADDR {addr} is not an address of this host: the workers "
+                                                     f"would wait for a rank 0 that is not there (set MASTER_ADDR="
+                                                     f"{fabric_ip}, rank 0's fabric address)", 0)
+    return PreflightCheck("master-addr", "pass", f"MASTER_ADDR {addr} is an address of this host", 0)
+
+
 def listening_ports(root: Path) -> set[int]:
     ports = set()
     for name in ("proc/net/tcp", "proc/net/tcp6"):
@@ -370,7 +383,9 @@ def mtp_served_check(config: dict | None, strip: PreflightCheck, reason: str) ->
     return PreflightCheck("mtp-strip", "pass", f"served with its MTP layers on purpose ({'; '.join(left)}): {reason}")
 
 
-def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds) -> list[PreflightCheck]:
+def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, t: Thresholds,
+                 launching: tuple[int, ...] | None = None) -> list[PreflightCheck]:
+    """The recipe's checks, and rank 0's on this host when this launch starts it (`launching`: None is all)."""
     head = plan.ranks[0]
     checks = []
     if plan.recipe.blocked:
@@ -378,19 +393,25 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
                             f"{plan.recipe.name} is blocked: {plan.recipe.blocked_reason}" + (" (--force)" if force else "")))
     else:
         checks.append(PreflightCheck("recipe", "pass", f"{plan.recipe.name} is ok"))
-    checks += [
-        check_nic(host_root, head.nic, 0),
-        check_hca(host_root, head.hca, head.nic, 0),
-        check_fabric_ip(host_root, head.fabric_ip, head.nic, 0),
-        check_ports(host_root, {"API port": plan.api_port, "master port": int(plan.knobs["MASTER_PORT"])}, 0),
-        *rank_host_checks(plan, Runner(), host_root, 0),
-        check_disk(Path(head.hub), t, 0),
-    ]
-    hub = Path(head.hub)
-    checks += check_snapshot(hub, plan.knobs["MODEL_CACHE_NAME"], plan.model_revision, "model", want_template=True,
-                             serves_mtp_reason=plan.recipe.serves_mtp_reason)
-    if plan.recipe.drafter_cache_knob:
-        checks += check_snapshot(hub, plan.knobs[plan.recipe.drafter_cache_knob], plan.drafter_revision, "drafter", False)
+    if launching is not None and 0 not in launching:  # its host's facts decide nothing about the ranks started
+        checks.append(PreflightCheck("head", "skip", "rank 0 is not started by this launch: its NIC, ports, disk and "
+                                                     "snapshots are not checked", 0))
+    else:
+        checks += [
+            check_nic(host_root, head.nic, 0),
+            check_hca(host_root, head.hca, head.nic, 0),
+            check_fabric_ip(host_root, head.fabric_ip, head.nic, 0),
+            *([check_master_addr(host_root, plan.knobs["MASTER_ADDR"], head.fabric_ip)] if len(plan.ranks) > 1 else []),
+            check_ports(host_root, {"API port": plan.api_port, "master port": int(plan.knobs["MASTER_PORT"])}, 0),
+            *rank_host_checks(plan, Runner(), host_root, 0),
+            check_disk(Path(head.hub), t, 0),
+        ]
+        hub = Path(head.hub)
+        checks += check_snapshot(hub, plan.knobs["MODEL_CACHE_NAME"], plan.model_revision, "model", want_template=True,
+                                 serves_mtp_reason=plan.recipe.serves_mtp_reason)
+        if plan.recipe.drafter_cache_knob:
+            checks += check_snapshot(hub, plan.knobs[plan.recipe.drafter_cache_knob], plan.drafter_revision, "drafter",
+                                     False)
     checks += revision_checks(plan)
     checks.append(kv_check(plan))
     if "VLLM_API_KEY" not in environ:
@@ -657,7 +678,7 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
                   on_check: Callable[[PreflightCheck], None] | None = None, dry_run: bool = False,
                   launching: tuple[int, ...] | None = None) -> list[PreflightCheck]:
     """Under `dry_run`, runners may only be asked read-only questions: the gates, which start a container, are skipped."""
-    checks = local_checks(plan, host_root, force, environ, thresholds)
+    checks = local_checks(plan, host_root, force, environ, thresholds, launching)
     if runners is not None:
         for rank in plan.ranks[1:]:
             checks += rank_host_checks(plan, runners[rank.rank], host_root, rank.rank)

@@ -168,6 +168,8 @@ def ip_address(value: str) -> str | None:
         ip = ipaddress.ip_address(value)
     except ValueError:
         return "is not an IPv4 or IPv6 address (a fabric address: a host name is not one)"
+    if ip.is_loopback:  # ::1 sits in IPv6's reserved ::/8; whether loopback will do is the deployment's call
+        return None
     if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
         return "is not a unicast address"
     return None
