@@ -461,3 +461,9 @@ def test_stop_and_status_work_whatever_the_kv_knobs_say(tmp_path):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "HF_HOME": str(tmp_path / "hf"), "KV_CACHE_MEMORY": "5"})
         assert "KV_CACHE_MEMORY" not in proc.stderr, (verb, proc.stderr)
+
+
+@pytest.mark.parametrize("value", ["999999999999999999999999", "9223372036854775808"])
+def test_a_number_too_large_is_called_too_large_not_not_a_number(tmp_path, value):
+    err = refused(launch(tmp_path, env={"MAX_NUM_SEQS": value}), "MAX_NUM_SEQS")
+    assert "is over the largest allowed, 9,223,372,036,854,775,807" in err and "not a whole number" not in err

@@ -43,7 +43,6 @@ INT_MAX = 2**63 - 1
 _BAD_CATEGORIES = {"Cc": "control character", "Cf": "invisible format character", "Cs": "lone surrogate",
                    "Co": "private-use character", "Cn": "unassigned code point", "Zl": "line separator",
                    "Zp": "paragraph separator"}
-_DIGITS = re.compile(r"[0-9]{1,19}")  # no sign, no exponent, no spaces, no '_'; 19 digits bound int()
 _DECIMAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?|\.[0-9]{1,20}")
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")  # the characters of a docker image reference
 _CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{1,127}")  # docker's rule for container names
@@ -83,7 +82,11 @@ def matching(pattern: re.Pattern, what: str) -> Kind:
 def whole_number(lo: int, hi: int, what: str) -> Kind:
     @reads(int)
     def check(value: str) -> str | None:
-        return None if _DIGITS.fullmatch(value) and lo <= int(value) <= hi else f"is not {what}"
+        if not value.isascii() or not value.isdigit():
+            return f"is not {what}"
+        if len(value) > 19 or int(value) > hi:  # a number, only too large: say so, not "not a number"
+            return f"is over the largest allowed, {hi:,}" if hi >= 10**6 else f"is not {what}"
+        return None if lo <= int(value) else f"is not {what}"
     return check
 
 
