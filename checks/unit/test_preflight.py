@@ -206,6 +206,16 @@ def test_kv_plan_that_cannot_hold_one_sequence_is_refused_before_preflight(run_c
     assert f"holds {tokens:,} tokens, less than one max-model-len sequence" in proc.stderr, proc.stderr
 
 
+def test_a_max_model_len_past_the_pool_leads_with_max_model_len(run_cli, world):
+    """The knob the user just changed comes first, with the length that fits (the pool's tokens, measured)."""
+    root, home = world
+    proc = run_cli("launch", "0", "--dry-run", "--host-root", root, check=1,
+                   env={"HF_HOME": str(home), "MAX_MODEL_LEN": "2000000", **standin_env(root)})
+    line = proc.stderr.removeprefix("sparkstack: error: ")
+    assert line.startswith("MAX_MODEL_LEN=2000000: one sequence of 2,000,000 tokens needs at least"), line
+    assert "use MAX_MODEL_LEN of at most 989,727" in line  # the pinned pool's tokens, as the boot measured them
+
+
 def test_the_verdict_counts_the_checks_and_names_the_first_failure(run_cli, world):
     root, home = world
     (root / "proc/sys/vm/swappiness").write_text("30\n")

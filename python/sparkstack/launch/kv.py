@@ -64,6 +64,12 @@ def pool_too_small(plan: LaunchPlan, environ) -> str | None:
     if kv.tokens is None or kv.coverage is None or kv.tokens >= kv.max_model_len:
         return None
     needed = -(-kv.max_model_len * kv.per_token_bytes // 1)
+    pin = f"the KV pin ({' or '.join(KV_FLAGS)} in {plan.recipe.name}'s args)"
+    if environ.get("MAX_MODEL_LEN") and not environ.get("KV_CACHE_MEMORY"):  # what the user just changed goes first
+        return (f"MAX_MODEL_LEN={environ['MAX_MODEL_LEN']}: one sequence of {kv.max_model_len:,} tokens needs at least "
+                f"{int(needed):,} B of KV cache at {kv.per_token_bytes:,.2f} B per token, but {pin} is a pool of "
+                f"{kv.kv_bytes:,} B, {kv.tokens:,} tokens: vLLM would refuse to start; use MAX_MODEL_LEN of at most "
+                f"{kv.tokens:,}, or raise the pin (KV_CACHE_MEMORY), or leave the pool to the profiler (KV_CACHE_MEMORY=)")
     given = f"KV_CACHE_MEMORY={environ['KV_CACHE_MEMORY']}" if environ.get("KV_CACHE_MEMORY") else \
         f"the KV pin ({' or '.join(KV_FLAGS)} in {plan.recipe.name}'s args, or KV_CACHE_MEMORY)"
     return (f"{given}: a pool of {kv.kv_bytes:,} B holds {kv.tokens:,} tokens, less than one max-model-len sequence "
