@@ -196,12 +196,20 @@ def unreachable_reason(runner: Runner, proc: subprocess.CompletedProcess) -> str
     """Why docker on `runner` did not answer, and what to check: one clause."""
     line = failure_line(proc)
     if runner.ssh is not None and proc.returncode == 255:
-        return f"ssh to {runner.ssh} failed ({line}); check that `ssh {runner.ssh} true` works (WORKER_SSH, its ssh_config)"
+        # the very ssh options this run used, so the command the user copies tests what failed
+        test = shlex.join(["ssh", *(["-F", str(Path(runner.ssh_config).absolute())] if runner.ssh_config else []),
+                           "-o", "BatchMode=yes", runner.ssh, "true"])
+        return f"ssh to {runner.ssh} failed ({line}); check that `{test}` works (WORKER_SSH, its ssh_config)"
     if proc.returncode == 124:
         return f"{line}; check that {runner.label} and its docker answer"
     if proc.returncode == 127:
         return f"{line}; install docker there"
-    where = f"docker host {runner.docker_host}" if runner.docker_host else f"dockerd on {runner.label}"
+    if runner.docker_host:
+        where = f"docker host {runner.docker_host}"
+    elif runner.ssh is None and os.environ.get("DOCKER_HOST"):  # docker here obeys it: say so, or the user looks
+        where = f"the docker host DOCKER_HOST={os.environ['DOCKER_HOST']} names"  # at the wrong daemon
+    else:
+        where = f"dockerd on {runner.label}"
     return f"{line}; check that {where} runs (`systemctl status docker`) and that this user may use it"
 
 
