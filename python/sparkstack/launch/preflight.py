@@ -130,28 +130,37 @@ def read_fabric(runner: Runner, root: str, nic: str, hca: str) -> FabricFacts:
 
 def nic_verdict(f: FabricFacts, nic: str, rank: int) -> PreflightCheck:
     if f.operstate is None:
-        return PreflightCheck("nic", "fail", f"{nic} does not exist (have: {', '.join(f.netdevs) or 'none'})", rank)
+        return PreflightCheck("nic", "fail", f"{nic} does not exist (have: {', '.join(f.netdevs) or 'none'}); set CX_NIC, "
+                                             "or nic of this rank's [[nodes]], to the fabric port", rank)
     state = f.operstate.strip()
     # operstate, not `ip link | grep UP`: a down link can still carry the UP flag.
     if state != "up":
-        return PreflightCheck("nic", "fail", f"{nic} operstate is {state!r}, not 'up'", rank)
+        return PreflightCheck("nic", "fail", f"{nic} operstate is {state!r}, not 'up'; check its cable, then "
+                                             f"`ip link set {nic} up`", rank)
     return PreflightCheck("nic", "pass", f"{nic} is up", rank)
 
 
 def hca_verdict(f: FabricFacts, hca: str, nic: str, rank: int) -> PreflightCheck:
     if f.hca_netdevs is None:
-        return PreflightCheck("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(f.hcas) or 'none'})", rank)
+        return PreflightCheck("hca", "fail", f"RDMA device {hca} does not exist (have: {', '.join(f.hcas) or 'none'}); "
+                                             "set CX_HCA, or hca of this rank's [[nodes]] (`ibdev2netdev` pairs them)",
+                              rank)
     if nic not in f.hca_netdevs:
-        return PreflightCheck("hca", "fail", f"{hca} maps to {', '.join(f.hca_netdevs) or 'no netdev'}, not {nic}", rank)
+        return PreflightCheck("hca", "fail", f"{hca} maps to {', '.join(f.hca_netdevs) or 'no netdev'}, not {nic}; set "
+                                             "CX_HCA to the RDMA device of the fabric port (`ibdev2netdev` pairs them)",
+                              rank)
     return PreflightCheck("hca", "pass", f"{hca} <-> {nic}", rank)
 
 
 def fabric_ip_verdict(f: FabricFacts, ip: str, nic: str, rank: int) -> PreflightCheck:
     if ip not in _ips_in(f.fib_trie):
-        return PreflightCheck("fabric-ip", "fail", f"{ip} is not an address of this host", rank)
+        return PreflightCheck("fabric-ip", "fail", f"{ip} is not an address of this host; set fabric_ip of this "
+                                                   f"rank's [[nodes]] to its address on {nic} (`ip -4 addr show {nic}`)",
+                              rank)
     addr = struct.unpack("<I", socket.inet_aton(ip))[0]
     if not any(addr & mask == net for net, mask in _routes_in(f.route, nic)):
-        return PreflightCheck("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}", rank)
+        return PreflightCheck("fabric-ip", "fail", f"{ip} is local but its subnet is not on {nic}; the fabric address "
+                                                   f"belongs on the fabric port (`ip -4 route show dev {nic}`)", rank)
     return PreflightCheck("fabric-ip", "pass", f"{ip} on {nic}", rank)
 
 
@@ -308,13 +317,20 @@ def check_disk(path: Path, t: Thresholds, rank: int) -> PreflightCheck:
     return PreflightCheck("disk", "pass", f"{free / GIB:.1f} GiB free under {probe}", rank)
 
 
+# What makes a missing or partial snapshot on the head: the served model is the stripped copy of the fetched one.
+SNAPSHOT_REMEDY = {"model": "make it with `sparkstack fetch`, then `sparkstack strip`",
+                   "drafter": "fetch it with `sparkstack fetch`"}
+
+
 def check_snapshot(hub: Path, cache_name: str, revision: str | None, label: str, want_template: bool,
                    serves_mtp_reason: str | None = None) -> list[PreflightCheck]:
     """The snapshot exists and every shard the index names is there, at the size its header implies."""
     if revision is None:
-        return [PreflightCheck(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable")]
+        return [PreflightCheck(f"{label}-snapshot", "fail", f"{ref_file(hub / cache_name)} is missing or unreadable; "
+                                                            f"{SNAPSHOT_REMEDY[label]}")]
     state = snapshot_state(hub / cache_name, revision)
-    checks = [PreflightCheck(f"{label}-snapshot", "pass" if state.complete else "fail", state.detail)]
+    checks = [PreflightCheck(f"{label}-snapshot", "pass" if state.complete else "fail",
+                             state.detail + ("" if state.complete else f"; {SNAPSHOT_REMEDY[label]}"))]
     if state.complete and want_template:
         ok = state.has(CHAT_TEMPLATE)
         checks.append(PreflightCheck("chat-template", "pass" if ok else "warn",
@@ -692,7 +708,8 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
             checks.append(PreflightCheck("gate", "skip", "the runtime gates and the vLLM argv gate start a throwaway container: "
                                                 "not under --dry-run", 0))
     else:
-        checks.append(PreflightCheck("image", "skip", "docker checks need --probe (or run without --dry-run)"))
+        checks.append(PreflightCheck("image", "skip", "docker checks: a dry run asks no docker "
+                                                      "(`sparkstack launch ... --dry-run --probe` does)"))
     labels = {rank.rank: rank.ssh or "local" for rank in plan.ranks}  # as its runner names it
     checks = [dataclasses.replace(c, host=labels.get(c.rank, "")) if c.rank is not None and not c.host else c
               for c in checks]
