@@ -128,3 +128,10 @@ def test_a_mirror_url_with_credentials_never_reaches_the_error_line(run_cli):
 def test_a_reference_with_a_trailing_newline_is_one_line(run_cli):
     proc = run_cli("pin", "base", "ghcr.io/a/b:t\n", "--dry-run", env={"SPARKSTACK_REGISTRY_MIRROR": "http://127.0.0.1:9"})
     assert proc.returncode in (1, 2) and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_launch_stop_with_the_rank_after_it_says_the_order_that_works(run_cli):
+    proc = run_cli("launch", "stop", "1")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "did you mean `sparkstack launch 1 stop`?" in proc.stderr
+    assert "did you mean" not in run_cli("launch", "0", "start").stderr  # no guess where none fits

@@ -83,7 +83,12 @@ def verb_of(r: Request) -> str:
     if r.action is None:
         return r.target if r.target in ("stop", "status") else "launch"
     if r.action != "stop" or r.target in ("stop", "status"):
-        raise UsageError(f"TARGET [stop]: after a rank or `all` only `stop` may follow; got {r.target!r} {r.action!r}")
+        hint = ""
+        if r.target in ("stop", "status") and (r.action.isdigit() or r.action == "all"):  # the words swapped
+            hint = f"; did you mean `sparkstack launch {r.action} {r.target}`?" if r.target == "stop" else \
+                f"; status shows every rank: `sparkstack launch status`"
+        raise UsageError(f"TARGET [stop]: after a rank or `all` only `stop` may follow; got {r.target!r} {r.action!r}"
+                         + hint)
     return "stop"
 
 
