@@ -274,3 +274,8 @@ def test_a_run_record_file_is_read_as_a_record(tmp_path):
     assert (m.tokens, m.pool, m.run_id, m.source) == (989_727, POOL_PIN, "0123456789abcdef", str(path))
     with pytest.raises(SparkstackError, match="cannot read"):
         read_boot_file(tmp_path / "missing.log")
+
+
+def test_status_says_an_unknown_value_as_a_dash_not_python_none():
+    (line,) = status_lines([{"rank": 1, "state": "absent", "image": None, "uptime": None}], None)
+    assert line == "rank=1 state=absent image=- uptime=-"

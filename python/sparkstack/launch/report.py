@@ -90,7 +90,7 @@ def kv_status_line(planned: KvPlan, last_run: dict | None) -> str | None:
 def status_lines(rows: list[dict], last_run: dict | None, planned_kv: KvPlan | None = None) -> list[str]:
     """`launch status`: one line per rank, then the last run's boot; with `planned_kv` (launch.kv.kv_plan of the
     deployment as it stands), the plan's KV tokens against the boot's."""
-    lines = [" ".join(f"{k}={v}" for k, v in row.items()) for row in rows]
+    lines = [" ".join(f"{k}={'-' if v is None else v}" for k, v in row.items()) for row in rows]  # None: not known
     if last_run:
         lines += boot_lines(last_run["id"], last_run.get("boot"))
         kv = kv_status_line(planned_kv, last_run) if planned_kv is not None else None
