@@ -135,3 +135,16 @@ def test_launch_stop_with_the_rank_after_it_says_the_order_that_works(run_cli):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "did you mean `sparkstack launch 1 stop`?" in proc.stderr
     assert "did you mean" not in run_cli("launch", "0", "start").stderr  # no guess where none fits
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["launch", "all", "--dry-run", "--ssh-config", "/no/such/ssh_config"], "--ssh-config"),
+    (["launch", "all", "--dry-run", "--host-root", "/no/such/root"], "--host-root"),
+    (["up", "--dry-run", "--ssh-config", "/no/such/ssh_config"], "--ssh-config"),
+    (["ship", "w", "--dry-run", "--ssh-config", "/no/such/ssh_config"], "--ssh-config"),
+])
+def test_a_path_that_must_exist_is_refused_before_anything_runs(run_cli, argv, flag):
+    """Not after preflight has read an empty tree, or ssh has failed for another reason."""
+    proc = run_cli(*argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"Invalid value for '{flag}'" in proc.stderr and "does not exist" in proc.stderr

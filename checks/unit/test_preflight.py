@@ -428,3 +428,18 @@ def test_a_worker_launched_alone_comes_before_its_head(head, expect):
     assert got[("peer", 0)].status == expect and got[("stale-container", 1)].status == "pass"
     if head:
         assert "launch stop" in got[("peer", 0)].detail
+
+
+def test_a_worker_that_does_not_answer_ssh_is_one_line_and_asked_nothing_more(run_cli, world, tmp_path):
+    """Not one ConnectTimeout per question (host facts, fabric, snapshots, docker): one line, with the command
+    that tests the very ssh this run used."""
+    root, home = world
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  HostName 127.0.0.1\n  Port 9\n  BatchMode yes\n")  # port 9: refused at once
+    # the real ssh (the stand-ins' ssh runs every command here): it meets a closed port
+    proc = run_cli("launch", "all", "--dry-run", "--probe", "--json", "--host-root", root, "--ssh-config", config,
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", "PATH": os.environ["PATH"]})
+    worker = [c for c in json.loads(proc.stdout)["preflight"] if c.get("rank") == 1]
+    assert [(c["check"], c["status"]) for c in worker] == [("ssh", "fail")], worker
+    assert f"`ssh -F {config} -o BatchMode=yes " in worker[0]["detail"] and "Connection refused" in worker[0]["detail"]
+    assert proc.returncode == 1

@@ -41,7 +41,9 @@ def _click_type(kind):
             return click.IntRange(min=kind[1], max=kind[2])
         if name == "choice":
             return click.Choice(list(kind[1]))
-    return {"path": click.Path(path_type=Path), "ints": terminal.IntList(), "duration": terminal.Duration()}.get(kind)
+    return {"path": click.Path(path_type=Path), "ints": terminal.IntList(), "duration": terminal.Duration(),
+            "file": click.Path(path_type=Path, exists=True, dir_okay=False),
+            "dir": click.Path(path_type=Path, exists=True, file_okay=False)}.get(kind)
 
 
 def _parameter(f, opt):

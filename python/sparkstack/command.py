@@ -31,8 +31,8 @@ UP_TO_DATE, WILL_RUN, BLOCKED = "up to date", "will run", "blocked"
 class Opt:
     """One option or argument of a command, as the CLI shows it and as `argv` writes it back.
 
-    kind: "text", "path", "flag" (a bare --x), "toggle" (--x/--no-x), ("float", lo, hi), ("int", lo, hi),
-    ("choice", names), "ints" (1,2,4), "duration" (90s), "names" (repeatable, each may be comma-separated),
+    kind: "text", "path", "file" and "dir" (a path that must exist, refused up front), "flag" (a bare --x),
+    "toggle" (--x/--no-x), ("float", lo, hi), ("int", lo, hi), ("choice", names), "ints" (1,2,4), "duration" (90s), "names" (repeatable, each may be comma-separated),
     "many" (repeatable text), ("float?", lo, hi, value) (an option whose value may be left out: that value),
     "path?" (a path that may be left out: then "", which the command reads as its own default, such as the latest
     run record or the recipe's file).

@@ -689,13 +689,33 @@ def gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
     return out
 
 
+def reach_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list[PreflightCheck]:
+    """Each rank reached over ssh answers `true` first; the one that does not is one fail line, and is asked
+    nothing more (`fail  [rank 1 on me@w] ssh: ssh to me@w failed (...)`)."""
+    checks = []
+    for rank in plan.ranks:
+        if rank.ssh is None:
+            continue
+        runner = runners[rank.rank]
+        proc = runner.run(["true"], timeout=runner.connect_timeout_s + 20)
+        if proc.returncode != 0:
+            checks.append(PreflightCheck("ssh", "fail", unreachable_reason(runner, proc), rank.rank))
+    return checks
+
+
 def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] | None, force: bool, gates: bool,
                   environ: dict, thresholds: Thresholds = Thresholds(),
                   on_check: Callable[[PreflightCheck], None] | None = None, dry_run: bool = False,
                   launching: tuple[int, ...] | None = None) -> list[PreflightCheck]:
     """Under `dry_run`, runners may only be asked read-only questions: the gates, which start a container, are skipped."""
     checks = local_checks(plan, host_root, force, environ, thresholds, launching)
+    labels = {rank.rank: rank.ssh or "local" for rank in plan.ranks}  # as its runner names it
     if runners is not None:
+        checks += reach_checks(plan, runners)
+        if any(c.name == "ssh" and c.status == "fail" for c in checks):
+            # one line for a worker that does not answer, not one ConnectTimeout per question asked of it
+            dead = {c.rank for c in checks if c.name == "ssh" and c.status == "fail"}
+            plan = dataclasses.replace(plan, ranks=tuple(r for r in plan.ranks if r.rank not in dead))
         for rank in plan.ranks[1:]:
             checks += rank_host_checks(plan, runners[rank.rank], host_root, rank.rank)
         checks += worker_fabric_checks(plan, runners, host_root)
@@ -710,7 +730,6 @@ def run_preflight(plan: LaunchPlan, host_root: Path, runners: dict[int, Runner] 
     else:
         checks.append(PreflightCheck("image", "skip", "docker checks: a dry run asks no docker "
                                                       "(`sparkstack launch ... --dry-run --probe` does)"))
-    labels = {rank.rank: rank.ssh or "local" for rank in plan.ranks}  # as its runner names it
     checks = [dataclasses.replace(c, host=labels.get(c.rank, "")) if c.rank is not None and not c.host else c
               for c in checks]
     if on_check:

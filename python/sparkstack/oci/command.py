@@ -64,7 +64,7 @@ class LoadRequest:
     path: Path = argument(kind="path")
     engine: str = option("docker", "--engine", kind=("choice", ("docker", "podman")), show_default=True)
     host: str | None = option(None, "--host", help="Load on this rank over ssh (the stream crosses ssh's stdin).")
-    ssh_config: Path | None = option(None, "--ssh-config", kind="path", help="ssh client config for --host.")
+    ssh_config: Path | None = option(None, "--ssh-config", kind="file", help="ssh client config for --host.")
     docker_host: str | None = option(None, "--docker-host",
                                      help="docker -H for the engine (e.g. unix:///path/docker.sock).")
     platform: str | None = option(None, "--platform", help="Platform to load when the image holds several.")

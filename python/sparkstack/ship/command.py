@@ -26,7 +26,7 @@ class Request:
     hosts: tuple[str, ...] = argument((), kind="hosts")
     recipe: str | None = option(None, "--recipe",
                                 help="Recipe name or path (its worker nodes, model, drafter, image, HF_HOME).")
-    ssh_config: Path | None = option(None, "--ssh-config", kind="path", help="ssh client config.")
+    ssh_config: Path | None = option(None, "--ssh-config", kind="file", help="ssh client config.")
     image: str | None = option(None, "--image", help="A built OCI layout, or a config digest in the head's sparkstack "
                                                      "store. Default: the image launch would run.")
     no_image: bool = option(False, "--no-image", kind="flag", help="Ship no image.")

@@ -13,11 +13,11 @@ PLACEHOLDER_SSH = "user@worker-node"  # the shipped recipe's WORKER_SSH, until t
 
 
 def host_root_option(help: str):
-    return option(Path("/"), "--host-root", kind="path", show_default=True, help=help)
+    return option(Path("/"), "--host-root", kind="dir", show_default=True, help=help)
 
 
 def ssh_config_option():
-    return option(None, "--ssh-config", kind="path", help="ssh client config for the workers.")
+    return option(None, "--ssh-config", kind="file", help="ssh client config for the workers.")
 
 
 @dataclass(frozen=True, kw_only=True)
