@@ -443,3 +443,26 @@ def test_a_worker_that_does_not_answer_ssh_is_one_line_and_asked_nothing_more(ru
     assert [(c["check"], c["status"]) for c in worker] == [("ssh", "fail")], worker
     assert f"`ssh -F {config} -o BatchMode=yes " in worker[0]["detail"] and "Connection refused" in worker[0]["detail"]
     assert proc.returncode == 1
+
+
+def test_the_shipped_worker_placeholder_is_named_with_what_to_set(run_cli, world):
+    root, home = world
+    env = {"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)}
+    doc = json.loads(run_cli("launch", "all", "--dry-run", "--json", "--host-root", root, env=env).stdout)
+    (line,) = [c for c in doc["preflight"] if c["check"] == "worker-ssh"]
+    assert line["status"] == "warn" and line["rank"] == 1 and "set WORKER_SSH to your worker" in line["detail"]
+    mine = json.loads(run_cli("launch", "all", "--dry-run", "--json", "--host-root", root,
+                              env={**env, "WORKER_SSH": "tony@spark-2"}).stdout)
+    assert not [c for c in mine["preflight"] if c["check"] == "worker-ssh"]
+
+
+def test_a_workers_home_in_its_hub_path_is_said_in_a_note():
+    """No HF_HOME: the worker's hub is under its own user's home, which only ssh there can read."""
+    from sparkstack.launch.plan import plan_launch_from_recipe
+    from sparkstack.recipe import load_recipe
+
+    notes = plan_launch_from_recipe(load_recipe(None), {}).notes
+    assert any(n.startswith("rank 1's ~/.cache/huggingface/hub is under its user's home on user@worker-node")
+               for n in notes), notes
+    assert not any("under its user's home" in n for n in plan_launch_from_recipe(load_recipe(None),
+                                                                                 {"HF_HOME": "/data/hf"}).notes)

@@ -68,14 +68,14 @@ class LaunchPlan:
     profile: str
     ranks: tuple[RankPlan, ...]
     gpu_memory_utilization: float  # what the engine is told (--gpu-memory-utilization), or vLLM's default
-    overruled: tuple[str, ...] = ()  # the recipe's copies of generated flags that launch writes otherwise
+    launch_notes: tuple[str, ...] = ()  # overruled recipe copies of generated flags; a worker's `~`
 
     recipe = property(lambda self: self.deployment.recipe)
     knobs = property(lambda self: self.deployment.knobs)
     image = property(lambda self: self.deployment.image)
     model_revision = property(lambda self: self.deployment.model_revision)
     drafter_revision = property(lambda self: self.deployment.drafter_revision)
-    notes = property(lambda self: self.deployment.notes + self.overruled)
+    notes = property(lambda self: self.deployment.notes + self.launch_notes)
     image_source = property(lambda self: self.deployment.image_source)
     image_config_digest = property(lambda self: self.deployment.image_config_digest)
     image_layout = property(lambda self: self.deployment.image_layout)
@@ -207,7 +207,10 @@ def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str
                     for s in deployment.served}
     model_path, drafter_path = in_container["model"], in_container.get("drafter")
     nnodes = len(deployment.ranks)
-    overruled = generated_copies_overruled(recipe, engine_argv(recipe, knobs, 0, nnodes, model_path, []))
+    launch_notes = generated_copies_overruled(recipe, engine_argv(recipe, knobs, 0, nnodes, model_path, []))
+    launch_notes += tuple(f"rank {r.rank}'s {r.hub} is under its user's home on {r.ssh}: launch reads that $HOME "
+                          "over ssh and writes it in before `docker run` (docker would not expand the ~)"
+                          for r in deployment.ranks if r.hub.startswith("~"))
     tail = tail_args(recipe, knobs, drafter_path)
     ranks = []
     for r in deployment.ranks:
@@ -220,7 +223,7 @@ def plan_launch(deployment: Deployment, environ: Mapping[str, str], profile: str
     flag = "--gpu-memory-utilization"
     head = ranks[0].docker_run
     utilization = float(head[head.index(flag) + 1]) if flag in head else DEFAULT_GPU_MEMORY_UTILIZATION
-    return LaunchPlan(deployment, profile, tuple(ranks), utilization, overruled)
+    return LaunchPlan(deployment, profile, tuple(ranks), utilization, launch_notes)
 
 
 def docker_run(recipe: Recipe, knobs: Knobs, rank: int, nnodes: int, name: str, hub: str, fabric_ip: str, nic: str,

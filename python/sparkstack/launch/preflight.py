@@ -26,6 +26,7 @@ from sparkstack.launch import argv_gate
 from sparkstack.launch.gatecache import GateCache, cached_line, gate_cache
 from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan, RankPlan
+from sparkstack.recipe import KNOB_DEFAULTS
 from sparkstack.remote import UNREACHABLE, Runner, docker_answer, failure_line, unreachable_reason
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.mtp import mtp_keys, mtp_levels_left, num_hidden_layers
@@ -409,6 +410,12 @@ def local_checks(plan: LaunchPlan, host_root: Path, force: bool, environ: dict, 
                             f"{plan.recipe.name} is blocked: {plan.recipe.blocked_reason}" + (" (--force)" if force else "")))
     else:
         checks.append(PreflightCheck("recipe", "pass", f"{plan.recipe.name} is ok"))
+    placeholder_host = KNOB_DEFAULTS["WORKER_SSH"].rpartition("@")[2]  # what README's step 0 has the user replace
+    for rank in plan.ranks:
+        if rank.ssh is not None and rank.ssh.rpartition("@")[2] == placeholder_host and (
+                launching is None or rank.rank in launching):
+            checks.append(PreflightCheck("worker-ssh", "warn", f"{rank.ssh} is the shipped placeholder: set WORKER_SSH "
+                                                               "to your worker (WORKER_SSH=you@your-worker)", rank.rank))
     if launching is not None and 0 not in launching:  # its host's facts decide nothing about the ranks started
         checks.append(PreflightCheck("head", "skip", "rank 0 is not started by this launch: its NIC, ports, disk and "
                                                      "snapshots are not checked", 0))
