@@ -237,6 +237,19 @@ def test_a_bomb_is_bounded_by_what_it_unpacks(world, monkeypatch):
     assert list(world["scratch"].iterdir()) == []
 
 
+def test_a_dir_holding_two_layouts_that_differ_is_refused_naming_both(world, run_cli):
+    """A checkout with the blog's files/ tree copied in: which of the two is pinned is the user's to say."""
+    mixed = fx.write_overlay_source(world["tmp"] / "mixed")  # the checkout's layout
+    blog = blog_dir(world["tmp"] / "blog")
+    shutil.copytree(blog / "files", mixed / "files")  # the same files: one answer, no question
+    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", mixed, "--dry-run", check=0)
+    name = next(p for p in fx.OVERLAY_FILES if p.endswith(".py"))
+    (mixed / "files/overlay-dflash2" / name).write_text("# edited in the copy\n")
+    line = one_error_line(run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", mixed))
+    assert "holds the overlay's files in 2 layouts" in line and f"differ ({name}" in line, line
+    assert str(mixed / "overlay-dflash2") in line and str(mixed / "files/overlay-dflash2") in line
+
+
 def test_a_dir_with_no_overlay_layout_names_the_missing_file(world, run_cli):
     empty = world["tmp"] / "empty"
     empty.mkdir()

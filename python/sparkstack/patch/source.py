@@ -42,9 +42,20 @@ def locate_files(overlay: Overlay, root: Path, label: str | None = None) -> Path
     """The dir holding the overlay's files under `root`, in whichever layout it has."""
     candidates = (root / overlay.subdir, root / "files" / overlay.subdir, root)
     first = overlay.installs[0].file.path if overlay.installs else None
-    for cand in candidates:
-        if cand.is_dir() and (first is None or (cand / first).is_file()):
-            return cand
+    holders = [c for c in candidates if c.is_dir() and (first is None or (c / first).is_file())]
+    if len(holders) > 1 and first is not None:
+        # Two layouts in one dir (a checkout with the blog's tree copied in): taking the first silently could pin
+        # the files the user did not mean; the same bytes in both is no question.
+        paths = [i.file.path for i in overlay.installs]
+        def read(c: Path, p: str) -> bytes | None:
+            return (c / p).read_bytes() if (c / p).is_file() else None
+        differ = [p for p in paths if len({read(c, p) for c in holders}) > 1]
+        if differ:
+            raise SparkstackError(f"{label or root}: holds the overlay's files in {len(holders)} layouts ("
+                                  f"{', '.join(str(c) for c in holders)}) and they differ ({', '.join(differ[:3])}"
+                                  f"{' ...' if len(differ) > 3 else ''}); pass the one you mean as --overlay-src")
+    if holders:
+        return holders[0]
     # No candidate holds the first file: keep the old answer (subdir if present, else root) so the
     # missing-file message names the place the user most likely meant.
     for cand in candidates:
