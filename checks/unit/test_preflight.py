@@ -438,10 +438,12 @@ def test_a_worker_that_does_not_answer_ssh_is_one_line_and_asked_nothing_more(ru
     config.write_text("Host *\n  HostName 127.0.0.1\n  Port 9\n  BatchMode yes\n")  # port 9: refused at once
     # the real ssh (the stand-ins' ssh runs every command here): it meets a closed port
     proc = run_cli("launch", "all", "--dry-run", "--probe", "--json", "--host-root", root, "--ssh-config", config,
-                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", "PATH": os.environ["PATH"]})
+                   env={"HF_HOME": str(home), "VLLM_API_KEY": "k", "PATH": os.environ["PATH"], "WORKER_SSH": "me@spark-2"})
     worker = [c for c in json.loads(proc.stdout)["preflight"] if c.get("rank") == 1]
     assert [(c["check"], c["status"]) for c in worker] == [("ssh", "fail")], worker
-    assert f"`ssh -F {config} -o BatchMode=yes " in worker[0]["detail"] and "Connection refused" in worker[0]["detail"]
+    assert worker[0]["detail"].startswith("me@spark-2 unreachable: ssh to me@spark-2 failed (")
+    assert f"`ssh -F {config} -o BatchMode=yes me@spark-2 true`" in worker[0]["detail"]
+    assert "Connection refused" in worker[0]["detail"]
     assert proc.returncode == 1
 
 

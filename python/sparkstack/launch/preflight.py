@@ -698,7 +698,7 @@ def gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
 
 def reach_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list[PreflightCheck]:
     """Each rank reached over ssh answers `true` first; the one that does not is one fail line, and is asked
-    nothing more (`fail  [rank 1 on me@w] ssh: ssh to me@w failed (...)`)."""
+    nothing more (`fail  [rank 1 on me@w] ssh: me@w unreachable: ssh to me@w failed (...)`)."""
     checks = []
     for rank in plan.ranks:
         if rank.ssh is None:
@@ -706,7 +706,8 @@ def reach_checks(plan: LaunchPlan, runners: dict[int, Runner]) -> list[Preflight
         runner = runners[rank.rank]
         proc = runner.run(["true"], timeout=runner.connect_timeout_s + 20)
         if proc.returncode != 0:
-            checks.append(PreflightCheck("ssh", "fail", unreachable_reason(runner, proc), rank.rank))
+            checks.append(PreflightCheck("ssh", "fail", f"{runner.label} unreachable: {unreachable_reason(runner, proc)}",
+                                         rank.rank))
     return checks
 
 
