@@ -167,6 +167,8 @@ class Sample:
     device_id: str = "cuda:0"
     rank: int = 0
     layer: str = "model.layers.3.self_attn.attn"
+    version: str = "0.32.0"
+    address: str = "10.0.0.1:29521"
 
 
 class NoSample(Exception):
@@ -187,7 +189,8 @@ def _figure(expr: ast.AST | None, s: Sample):
                          (("num_tokens", "tokens"), s.kv_tokens), (("utilization",), s.utilization),
                          (("memory", "gib", "bytes", "usage", "mem", "graph_size"), s.gib),
                          (("elapsed", "time", "start", "seconds", "compil", "counter_"), s.seconds),
-                         (("threshold", "interval", "warning"), s.interval)):
+                         (("threshold", "interval", "warning"), s.interval),
+                         (("version",), s.version), (("address",), s.address)):
         if any(w in src for w in words):
             return value
     raise NoSample(src)
