@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.bench import command as bench_cmd
-from sparkstack.command import BLOCKED, UP_TO_DATE, WILL_RUN, Blocked, Command, Summary
+from sparkstack.command import BLOCKED, UP_TO_DATE, WILL_RUN, Blocked, Command, Summary, request_from
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.fetch import command as fetch_cmd
 from sparkstack.image import command as image_cmd
@@ -155,17 +155,14 @@ def stage_request(name: str, r, ground: Ground):
         return tune_cmd.Request(target="all", recipe=r.recipe, host_root=r.host_root, ssh_config=r.ssh_config,
                                 dry_run=True)
     if name == "launch":
-        return launch_cmd.Request(target="all", recipe=r.recipe, image=str(r.built_image), profile=r.profile,
-                                  host_root=r.host_root, ssh_config=r.ssh_config, gates=not r.no_gates,
-                                  health_interval=r.health_interval, health_attempts=r.health_attempts,
-                                  worker_delay=r.worker_delay, probe=True, dry_run=True)
+        return request_from(launch_cmd.Request, r, target="all", recipe=r.recipe, image=str(r.built_image),
+                            host_root=r.host_root, ssh_config=r.ssh_config, probe=True, dry_run=True)
     if name == "verify":
         return verify_cmd.Request(url=ground.api_url, api_key_env=r.api_key_env, timeout=r.verify_timeout,
                                   temperature=r.temperature, dry_run=True)
     if name == "bench":
-        return bench_cmd.Request(url=ground.api_url, api_key_env=r.api_key_env, concurrency=r.bench_concurrency,
-                                 rounds=r.bench_rounds, category=r.bench_category, temperature=r.temperature,
-                                 out=r.bench_out, dry_run=True)
+        return request_from(bench_cmd.Request, r, url=ground.api_url, api_key_env=r.api_key_env, out=r.bench_out,
+                            dry_run=True)
     raise AssertionError(name)
 
 
