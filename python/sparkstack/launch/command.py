@@ -150,6 +150,16 @@ def stop(p: Plan, view: View) -> Stopped:
     return Stopped(tuple(events), tuple(launch_apply.stop(p.launch, p.runners, event, p.stopping)))
 
 
+def relaunch(p: Plan, view: View, stop_first: bool = True):
+    """Stop what runs on the plan's ranks, then start them: the one stop-then-launch (`up`'s launch stage, each cell
+    of `sweep`). A stop that fails ends it before anything starts."""
+    if stop_first:
+        stopped = stop(p, view)
+        if stopped.failures:
+            raise SparkstackError("; ".join(stopped.failures))
+    return apply(p, view)
+
+
 def status(p: Plan) -> Status:
     from sparkstack.launch import apply as launch_apply
     from sparkstack.state import read_up_record

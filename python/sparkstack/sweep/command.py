@@ -117,10 +117,7 @@ class Result:
 
 def _boot(p: Plan, launch_plan, view: View) -> tuple[str, dict | None]:
     """Stop what runs, start `launch_plan`'s ranks, watch the boot: its run id and boot document."""
-    stopped = launch_cmd.stop(launch_plan, view)
-    if stopped.failures:
-        raise SparkstackError("; ".join(stopped.failures))
-    started = launch_cmd.COMMAND.apply(launch_plan, view)
+    started = launch_cmd.relaunch(launch_plan, view)
     return started.record.stem, None if started.boot is None else started.boot.to_json()
 
 
