@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sparkstack.command import option
 
 RECIPE_HELP = ("Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. Default: glm53-flash-dflash2-nvfp4.")
-TEMPERATURE_HELP = "Sampling temperature (the model's own default: 1.0)."
+TEMPERATURE_HELP = "Sampling temperature (1.0 is the model's own default)."
 
 
 def recipe_option(help: str = RECIPE_HELP):
