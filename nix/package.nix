@@ -77,6 +77,7 @@ python3Packages.buildPythonApplication {
     "sparkstack.oci.pins"
     "sparkstack.oci.pull"
     "sparkstack.oci.verify"
+    "sparkstack.options"
     "sparkstack.patch"
     "sparkstack.patch.command"
     "sparkstack.patch.drift"

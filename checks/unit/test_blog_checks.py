@@ -80,7 +80,7 @@ def up_json(tmp_path, *extra):
 def test_up_launches_with_the_gates_and_no_gates_leaves_them_out(tmp_path):
     from sparkstack.up.command import Request
 
-    assert Request.__dataclass_fields__["no_gates"].default is False
+    assert Request.__dataclass_fields__["gates"].default is True
     launch = {s["stage"]: s for s in up_json(tmp_path)["stages"]}["launch"]
     assert "--no-gates" not in shlex.split(launch["rerun"])
     launch = {s["stage"]: s for s in up_json(tmp_path, "--no-gates")["stages"]}["launch"]

@@ -65,6 +65,66 @@ def argument(default=dataclasses.MISSING, *, help: str = "", kind: object = "tex
                                                         default is dataclasses.MISSING)})
 
 
+@dataclass(frozen=True)
+class Embed:
+    """A group's options (a frozen dataclass of `option()` fields) as they stand in a request: `prefix` before each
+    flag and field name (bench's --rounds in up is --bench-rounds, field bench_rounds), the same default and help."""
+
+    group: type
+    prefix: str = ""
+    only: tuple[str, ...] | None = None
+
+    def fields(self) -> list[tuple[str, str, dataclasses.Field]]:
+        """(field name, annotation, field) of each option, in the group's order."""
+        made = []
+        hints = {}
+        for klass in reversed(self.group.__mro__):
+            hints.update(klass.__dict__.get("__annotations__", {}))
+        for f in dataclasses.fields(self.group):
+            if self.only is not None and f.name not in self.only:
+                continue
+            opt = f.metadata["cli"]
+            flags = tuple(f"--{self.prefix}-{flag[2:]}" for flag in opt.flags) if self.prefix else opt.flags
+            name = f"{self.prefix.replace('-', '_')}_{f.name}" if self.prefix else f.name
+            meta = {"cli": dataclasses.replace(opt, flags=flags), "from": (self.group, f.name)}
+            made.append((name, hints[f.name], field(default=f.default, metadata=meta)))
+        return made
+
+
+def embed(group: type, prefix: str = "", only: tuple[str, ...] | None = None) -> Embed:
+    """In a `request` class body (`_launch: object = embed(LaunchOptions)`): the group's options, in its place."""
+    if only is not None:
+        unknown = set(only) - {f.name for f in dataclasses.fields(group)}
+        if unknown:
+            raise TypeError(f"{group.__name__} has no option {', '.join(sorted(unknown))}")
+    return Embed(group, prefix, only)
+
+
+def request(cls):
+    """A command's request: a frozen, keyword-only dataclass, each `embed()` replaced by the group's options."""
+    annotations = {}
+    for name, hint in cls.__dict__.get("__annotations__", {}).items():
+        value = cls.__dict__.get(name)
+        if not isinstance(value, Embed):
+            annotations[name] = hint
+            continue
+        delattr(cls, name)
+        for made, made_hint, made_field in value.fields():
+            annotations[made] = made_hint
+            setattr(cls, made, made_field)
+    cls.__annotations__ = annotations
+    return dataclass(frozen=True, kw_only=True)(cls)
+
+
+def request_from(request_type, parent, **given):
+    """The request of a command that `parent`'s composes (launch in up): every option the two embed from the same
+    group, taken from the parent (its prefix dropped), then `given`. One call, not field by field."""
+    theirs = {f.metadata["from"]: f.name for f in dataclasses.fields(parent) if "from" in f.metadata}
+    values = {f.name: getattr(parent, theirs[f.metadata["from"]]) for f in dataclasses.fields(request_type)
+              if f.metadata.get("from") in theirs}
+    return request_type(**{**values, **given})
+
+
 def declared(request_type) -> list[tuple[dataclasses.Field, Opt]]:
     """The request's fields that the command line sets, in declaration order."""
     return [(f, f.metadata["cli"]) for f in dataclasses.fields(request_type) if "cli" in f.metadata]

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkstack.command import Command, View, argument, option
+from sparkstack.command import Command, View, argument, embed, option, request
 from sparkstack.errors import SparkstackError
+from sparkstack.options import SamplingOptions
+from sparkstack.options import recipe_option
 from sparkstack.verify.command import api_key, api_key_env_option
 
 
@@ -18,9 +20,23 @@ def reference_option():
                        "--recipe's recipe. Exit 1 when the count category misses its ceiling.")
 
 
-def recipe_option():
-    return option(None, "--recipe", help="With --reference: the recipe whose reference.toml is the default, and whose "
-                                         "knobs say what was served (NUM_SPEC_TOKENS, EAGER).")
+def reference_recipe_option():
+    return recipe_option(help="With --reference: the recipe whose reference.toml is the default, and whose knobs say "
+                               "what was served (NUM_SPEC_TOKENS, EAGER).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """The shape of the load bench sends: `up` and `sweep` embed it as --bench-*, with these defaults and help."""
+
+    concurrency: tuple[int, ...] | None = option(None, "--concurrency", kind="ints",
+                                                 help="Concurrent streams per block  [default: 1,2,3,4,5,6]")
+    rounds: int | None = option(None, "--rounds", kind=("int", 1, 100), help="Rounds per block  [default: 3]")
+    max_tokens: int | None = option(None, "--max-tokens", kind=("int", 1, 1 << 20),
+                                    help="max_tokens per request  [default: 512]")
+    category: tuple[str, ...] = option((), "--category", kind="names", metavar="NAME",
+                                       help="A suite category to run (repeatable; default: all of code, json, prose, "
+                                            "tool-args, count).")
 
 
 @dataclass(frozen=True)
@@ -51,20 +67,12 @@ def against(reference: str | None, recipe: str | None, environ: Mapping[str, str
     return Against(ref, served_from_knobs(load_deployment(recipe, environ).knobs))
 
 
-@dataclass(frozen=True, kw_only=True)
+@request
 class Request:
     url: str = argument()
-    concurrency: tuple[int, ...] | None = option(None, "--concurrency", kind="ints",
-                                                 help="Concurrent streams per block  [default: 1,2,3,4,5,6]")
-    rounds: int | None = option(None, "--rounds", kind=("int", 1, 100), help="Rounds per block  [default: 3]")
-    max_tokens: int | None = option(None, "--max-tokens", kind=("int", 1, 1 << 20),
-                                    help="max_tokens per request  [default: 512]")
-    temperature: float | None = option(None, "--temperature", kind=("float", 0, 2),
-                                       help="Sampling temperature  [default: 1.0]")
-    top_p: float | None = option(None, "--top-p", kind=("float", 0, 1), help="Sampling top_p  [default: 0.95]")
-    category: tuple[str, ...] = option((), "--category", kind="names", metavar="NAME",
-                                       help="A suite category to run (repeatable; default: all of code, json, prose, "
-                                            "tool-args, count).")
+    _load: object = embed(BenchOptions, only=("concurrency", "rounds", "max_tokens"))
+    _sampling: object = embed(SamplingOptions)
+    _categories: object = embed(BenchOptions, only=("category",))
     model: str | None = option(None, "--model", help="Model to ask for (default: the first the server lists).")
     api_key_env: str = api_key_env_option()
     timeout: float = option(60.0, "--timeout", kind=("float", 0.1, 3600), show_default=True,
@@ -77,7 +85,7 @@ class Request:
     force: bool = option(False, "--force", kind="flag",
                          help="Bench a server that is already running requests (cells flagged server_busy).")
     reference: str | None = reference_option()
-    recipe: str | None = recipe_option()
+    recipe: str | None = reference_recipe_option()
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Print the plan (blocks, requests, settings); send "
                                                                  "nothing.")
     as_json: bool = option(False, "--json", kind="flag", help="Print the report as JSON (the contract compare reads).")
@@ -189,7 +197,7 @@ class CompareRequest:
     report_a: Path = argument(kind="path")
     report_b: Path = argument(kind="path")
     reference: str | None = reference_option()
-    recipe: str | None = recipe_option()
+    recipe: str | None = reference_recipe_option()
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Accepted for uniformity: compare only reads.")
     as_json: bool = option(False, "--json", kind="flag")
 

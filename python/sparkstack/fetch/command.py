@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkstack.command import UP_TO_DATE, WILL_RUN, Blocked, Command, Summary, View, option
+from sparkstack.options import recipe_option
 from sparkstack.errors import SparkstackError
 from sparkstack.units import human_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
 class Request:
-    recipe: str | None = option(None, "--recipe",
-                                help="Recipe name or path: its model and [drafter] repos, and their revisions.")
+    recipe: str | None = recipe_option(help="Recipe name or path: its model and [drafter] repos, and their revisions.")
     resolve: bool = option(False, "--resolve", kind="flag",
                            help="Ask the hub for the current commit of each unpinned repo and pin it in the recipe "
                                 "(through tomlkit); download nothing.")

@@ -8,62 +8,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.errors import SparkstackError, UsageError
-from sparkstack.command import Command, View, argument, option
+from sparkstack.command import Command, View, argument, embed, option, request
+from sparkstack.options import image_option, recipe_option
 from sparkstack.tune.command import host_root_option, ssh_config_option
 
 PROFILES = ("production", "lab")
 
 
-def profile_option(help: str):
-    return option("production", "--profile", kind=("choice", PROFILES), show_default=True, help=help)
-
-
-def health_interval_option(help: str = "Seconds between /health polls."):
-    return option(10.0, "--health-interval", kind=("float", 0, 3600), env="HEALTH_INTERVAL", show_default=True,
-                  help=help)
-
-
-def health_attempts_option(help: str = "How many /health polls before giving up."):
-    return option(360, "--health-attempts", kind=("int", 1, 1_000_000), env="HEALTH_ATTEMPTS", show_default=True,
-                  help=help)
-
-
-def worker_delay_option(help: str = "Seconds between the workers and the head."):
-    return option(20.0, "--worker-delay", kind=("float", 0, 3600), env="WORKER_DELAY", show_default=True, help=help)
-
-
 @dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """How launch starts the ranks: `up` and `sweep` embed these, with these defaults and help."""
+
+    image: str | None = image_option(
+        help="A built OCI layout (loaded on the head where missing, run by its content-addressed tag) or an image "
+             "reference. The IMAGE environment knob wins over it; it wins over the recipe.")
+    profile: str = option("production", "--profile", kind=("choice", PROFILES), show_default=True,
+                          help="lab drops --gpus, --ulimit memlock and --device /dev/infiniband, which the lab lacks.")
+    gates: bool = option(True, "--gates", kind="toggle", show_default=True,
+                         help="Before any rank starts, run in throwaway containers of the image (seconds, on the "
+                              "head): its vLLM's own argument parser on every rank's engine argv, and its runtime "
+                              "import gates (--gates is the default and still accepted; --no-gates skips them).")
+    health_interval: float = option(10.0, "--health-interval", kind=("float", 0, 3600), env="HEALTH_INTERVAL",
+                                    show_default=True, help="Seconds between /health polls.")
+    health_attempts: int = option(360, "--health-attempts", kind=("int", 1, 1_000_000), env="HEALTH_ATTEMPTS",
+                                  show_default=True, help="How many /health polls before giving up.")
+    worker_delay: float = option(20.0, "--worker-delay", kind=("float", 0, 3600), env="WORKER_DELAY",
+                                 show_default=True, help="Seconds between the workers and the head.")
+
+
+@request
 class Request:
     target: str = argument(metavar="TARGET")
     action: str | None = argument(None, metavar="[stop]")  # `launch 1 stop`: stop that rank only, as the seed's launcher
-    recipe: str | None = option(None, "--recipe", help="Recipe name (shipped, or under SPARKSTACK_RECIPES) or path. "
-                                                       "Default: glm53-flash-dflash2-nvfp4.")
-    image: str | None = option(None, "--image",
-                               help="A built OCI layout (loaded on the head where missing, run by its "
-                                    "content-addressed tag) or an image reference. The IMAGE environment knob wins "
-                                    "over it; it wins over the recipe.")
+    recipe: str | None = recipe_option()
+    _image: object = embed(LaunchOptions, only=("image",))
     dry_run: bool = option(False, "--dry-run", kind="flag",
                            help="Print the plan and preflight from local facts; start or stop nothing.")
     as_json: bool = option(False, "--json", kind="flag")
     probe: bool = option(False, "--probe", kind="flag",
                          help="With --dry-run: also ask every rank's docker (over ssh) for image and containers.")
-    profile: str = profile_option("lab drops --gpus, --ulimit memlock and --device /dev/infiniband, which the lab "
-                                  "lacks.")
+    _profile: object = embed(LaunchOptions, only=("profile",))
     host_root: Path = host_root_option("Read host facts (/sys, /proc) below this root.")
     ssh_config: Path | None = ssh_config_option()
     force: bool = option(False, "--force", kind="flag", help="Launch a recipe marked blocked.")
-    gates: bool = option(True, "--gates", kind="toggle", show_default=True,
-                         help="Before any rank starts, run in throwaway containers of the image (seconds, on the "
-                              "head): its vLLM's own argument parser on every rank's engine argv, and its runtime "
-                              "import gates (--gates is the default and still accepted; --no-gates skips them).")
+    _gates: object = embed(LaunchOptions, only=("gates",))
     drop_caches: bool = option(False, "--drop-caches", kind="flag",
                                help="sync and drop the page cache on every rank before starting it.")
     memory_guard: float | None = option(None, "--memory-guard", kind=("float?", 0, 1 << 20, 8.0), metavar="[=GIB]",
                                         help="While ranks boot, drop caches and compact memory on a rank whose "
                                              "MemFree falls under GIB (8 when no value is given).")
-    health_interval: float = health_interval_option()
-    health_attempts: int = health_attempts_option()
-    worker_delay: float = worker_delay_option()
+    _boot: object = embed(LaunchOptions, only=("health_interval", "health_attempts", "worker_delay"))
 
 
 @dataclass(frozen=True)
@@ -154,6 +148,16 @@ def stop(p: Plan, view: View) -> Stopped:
         view.say(line)
 
     return Stopped(tuple(events), tuple(launch_apply.stop(p.launch, p.runners, event, p.stopping)))
+
+
+def relaunch(p: Plan, view: View, stop_first: bool = True):
+    """Stop what runs on the plan's ranks, then start them: the one stop-then-launch (`up`'s launch stage, each cell
+    of `sweep`). A stop that fails ends it before anything starts."""
+    if stop_first:
+        stopped = stop(p, view)
+        if stopped.failures:
+            raise SparkstackError("; ".join(stopped.failures))
+    return apply(p, view)
 
 
 def status(p: Plan) -> Status:
@@ -303,7 +307,7 @@ def serving(p: Plan) -> Serving:
 
 @dataclass(frozen=True, kw_only=True)
 class KvRequest:
-    recipe: str | None = option(None, "--recipe")
+    recipe: str | None = recipe_option()
     kv_bytes: int | None = option(None, "--kv-bytes", kind=("int", 0, None),
                                   help="KV pool bytes (default: the recipe's KV pin).")
     from_boot: str | None = option(None, "--from-boot", kind="path?", metavar="[LOG]",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkstack.command import UP_TO_DATE, WILL_RUN, Blocked, Command, Summary, View, argument, option
+from sparkstack.options import image_option, recipe_option
 from sparkstack.errors import UsageError
 from sparkstack.units import human_bytes
 
@@ -24,11 +25,10 @@ def via_option(help: str):
 @dataclass(frozen=True, kw_only=True)
 class Request:
     hosts: tuple[str, ...] = argument((), kind="hosts")
-    recipe: str | None = option(None, "--recipe",
-                                help="Recipe name or path (its worker nodes, model, drafter, image, HF_HOME).")
+    recipe: str | None = recipe_option(help="Recipe name or path (its worker nodes, model, drafter, image, HF_HOME).")
     ssh_config: Path | None = option(None, "--ssh-config", kind="file", help="ssh client config.")
-    image: str | None = option(None, "--image", help="A built OCI layout, or a config digest in the head's sparkstack "
-                                                     "store. Default: the image launch would run.")
+    image: str | None = image_option(help="A built OCI layout, or a config digest in the head's sparkstack store. "
+                                           "Default: the image launch would run.")
     no_image: bool = option(False, "--no-image", kind="flag", help="Ship no image.")
     model: tuple[str, ...] = option((), "--model", kind="many", metavar="CACHE_NAME",
                                     help="A cache entry to ship (repeatable). Default: the recipe's model and drafter.")

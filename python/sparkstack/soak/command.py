@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkstack.command import Command, View, argument, option
+from sparkstack.command import Command, View, argument, embed, option, request
+from sparkstack.options import SamplingOptions, recipe_option
 from sparkstack.verify.command import api_key, api_key_env_option
 
 
-@dataclass(frozen=True, kw_only=True)
+@request
 class Request:
     url: str = argument()
     duration: float = option(None, "--duration", kind="duration", required=True,
@@ -31,12 +32,11 @@ class Request:
     dead_after: float = option(300.0, "--dead-after", kind="duration", show_default="5m",
                                help="End the soak when /health stays down this long.")
     max_tokens: int = option(256, "--max-tokens", kind=("int", 1, 1 << 20), show_default=True)
-    temperature: float = option(1.0, "--temperature", kind=("float", 0, 2), show_default=True)
-    top_p: float = option(0.95, "--top-p", kind=("float", 0, 1), show_default=True)
+    _sampling: object = embed(SamplingOptions)
     model: str | None = option(None, "--model", help="Model name to request (default: the first of /v1/models).")
     timeout: float = option(300.0, "--timeout", kind=("float", 1, 86400), show_default=True,
                             help="Seconds one request may go without data.")
-    recipe: str | None = option(None, "--recipe", help="With the URL on this host at the recipe's API port: also "
+    recipe: str | None = recipe_option(help="With the URL on this host at the recipe's API port: also "
                                                        "watch the head container's start time (launch status, once "
                                                        "per window).")
     api_key_env: str = api_key_env_option()

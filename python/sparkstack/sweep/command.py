@@ -11,36 +11,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.bench import command as bench_cmd
-from sparkstack.command import Command, View, option
+from sparkstack.command import Command, View, embed, option, request, request_from
 from sparkstack.errors import SparkstackError
 from sparkstack.launch import command as launch_cmd
+from sparkstack.options import SamplingOptions, recipe_option
 from sparkstack.tune.command import host_root_option, ssh_config_option
 from sparkstack.verify.command import api_key_env_option
 
 
-@dataclass(frozen=True, kw_only=True)
+@request
 class Request:
-    recipe: str | None = option(None, "--recipe", help="Recipe name or path (default: glm53-flash-dflash2-nvfp4).")
+    recipe: str | None = recipe_option()
     vary: tuple[str, ...] = option((), "--vary", kind="many", metavar="KNOB=V1,V2", required=True,
                                    help="A knob and the values to try (repeatable: the cells are the product).")
-    image: str | None = option(None, "--image", help="A built OCI layout or an image reference, as launch takes it.")
-    profile: str = launch_cmd.profile_option("launch's profile: lab drops --gpus, --ulimit memlock and --device "
-                                             "/dev/infiniband.")
+    _image: object = embed(launch_cmd.LaunchOptions, only=("image", "profile"))
     host_root: Path = host_root_option("Host facts below this root, on every rank (as launch takes it).")
     ssh_config: Path | None = ssh_config_option()
-    gates: bool = option(True, "--gates", kind="toggle", show_default=True,
-                         help="launch: run the image's gates before each boot.")
-    health_interval: float = launch_cmd.health_interval_option("launch: seconds between /health polls.")
-    health_attempts: int = launch_cmd.health_attempts_option("launch: /health polls before giving up.")
-    worker_delay: float = launch_cmd.worker_delay_option("launch: seconds between the workers and the head.")
-    bench_concurrency: tuple[int, ...] = option((1,), "--bench-concurrency", kind="ints", show_default=True)
-    bench_rounds: int = option(3, "--bench-rounds", kind=("int", 1, 100), show_default=True)
-    bench_category: tuple[str, ...] = option((), "--bench-category", kind="names", metavar="NAME",
-                                             help="A suite category for bench (repeatable; default: all).")
-    bench_max_tokens: int | None = option(None, "--bench-max-tokens", kind=("int", 1, 1 << 20),
-                                          help="bench: max_tokens per request  [default: bench's]")
-    temperature: float = option(1.0, "--temperature", kind=("float", 0, 2), show_default=True,
-                                help="bench: the sampling temperature (the model's own default: 1.0).")
+    _boot: object = embed(launch_cmd.LaunchOptions,
+                          only=("gates", "health_interval", "health_attempts", "worker_delay"))
+    _bench: object = embed(bench_cmd.BenchOptions, prefix="bench",
+                           only=("concurrency", "rounds", "category", "max_tokens"))
+    _sampling: object = embed(SamplingOptions, only=("temperature",))
     api_key_env: str = api_key_env_option()
     leave_last_up: bool = option(False, "--leave-last-up", kind="flag",
                                  help="Leave the last cell serving (default: relaunch the recipe as it stands).")
@@ -85,20 +76,16 @@ def plan(request: Request, environ: Mapping[str, str]) -> Plan:
 
     r = request
     varies = parse_vary(r.vary)
-    launch = launch_cmd.Request(target="all", recipe=r.recipe, image=r.image, profile=r.profile,
-                                host_root=r.host_root, ssh_config=r.ssh_config, gates=r.gates,
-                                health_interval=r.health_interval, health_attempts=r.health_attempts,
-                                worker_delay=r.worker_delay, dry_run=r.dry_run)  # a dry run: each cell's preflight
+    launch = request_from(launch_cmd.Request, r, target="all", recipe=r.recipe, host_root=r.host_root,
+                          ssh_config=r.ssh_config, dry_run=r.dry_run)  # a dry run: each cell's preflight
     baseline = launch_cmd.plan(launch, environ)
     cells = {i: launch_cmd.plan(launch, {**environ, **dict(knobs)}) for i, knobs in enumerate(product(varies))}
     image_id = _image_id(baseline)
     now = launch_cmd.serving(baseline)
     healthy = bool(now.rows) and all(row["state"] == "running" for row in now.rows) and now.rows[0]["health"] == 200
     serving = str(now.last_run["id"]) if healthy and now.last_run else None
-    bench = bench_cmd.plan(bench_cmd.Request(
-        url=f"http://127.0.0.1:{baseline.launch.api_port}", concurrency=r.bench_concurrency, rounds=r.bench_rounds,
-        category=r.bench_category, max_tokens=r.bench_max_tokens, temperature=r.temperature,
-        api_key_env=r.api_key_env), environ)
+    bench = bench_cmd.plan(request_from(bench_cmd.Request, r, url=f"http://127.0.0.1:{baseline.launch.api_port}",
+                                        api_key_env=r.api_key_env), environ)
     settings = bench.bench.to_json()["settings"]
     path = state_path(sweep_id(baseline.launch.recipe.name, varies, settings))
     state = read_state(path)
@@ -130,10 +117,7 @@ class Result:
 
 def _boot(p: Plan, launch_plan, view: View) -> tuple[str, dict | None]:
     """Stop what runs, start `launch_plan`'s ranks, watch the boot: its run id and boot document."""
-    stopped = launch_cmd.stop(launch_plan, view)
-    if stopped.failures:
-        raise SparkstackError("; ".join(stopped.failures))
-    started = launch_cmd.COMMAND.apply(launch_plan, view)
+    started = launch_cmd.relaunch(launch_plan, view)
     return started.record.stem, None if started.boot is None else started.boot.to_json()
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sparkstack.command import Command, View, argument, option
+from sparkstack.options import recipe_option
 from sparkstack.verify.command import api_key, api_key_env_option
 
 
@@ -17,7 +18,7 @@ class Request:
                              help="Seconds between /metrics reads.")
     once: bool = option(False, "--once", kind="flag",
                         help="Read twice, --interval apart (rates need two reads), show one sample, exit.")
-    recipe: str | None = option(None, "--recipe", help="Also show the KV pool in tokens that the recipe's KV pin buys.")
+    recipe: str | None = recipe_option(help="Also show the KV pool in tokens that the recipe's KV pin buys.")
     api_key_env: str = api_key_env_option()
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Say what would be read; read nothing.")
     as_json: bool = option(False, "--json", kind="flag", help="One JSON sample (--once), else one JSON line per read.")

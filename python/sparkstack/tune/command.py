@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.command import UP_TO_DATE, WILL_RUN, Blocked, Command, Summary, View, argument, option
+from sparkstack.options import recipe_option
 
 PLACEHOLDER_SSH = "user@worker-node"  # the shipped recipe's WORKER_SSH, until the user names the worker
 
@@ -23,8 +24,7 @@ def ssh_config_option():
 @dataclass(frozen=True, kw_only=True)
 class Request:
     target: str = argument("all", metavar="[RANK|all]")
-    recipe: str | None = option(None, "--recipe",
-                                help="Recipe name or path: its ranks, and its clock_cap (default 0,2000).")
+    recipe: str | None = recipe_option(help="Recipe name or path: its ranks, and its clock_cap (default 0,2000).")
     host_root: Path = host_root_option("Read and write host files (/proc, /etc/sysctl.d, /run) below this root, on "
                                        "every rank.")
     ssh_config: Path | None = ssh_config_option()

@@ -19,10 +19,9 @@ from pathlib import Path
 from sparkstack import fsio, interrupt
 from sparkstack.command import StageRows, View
 from sparkstack.errors import SparkstackError
-from sparkstack.launch import command as launch_cmd
 from sparkstack.state import up_record_path
 from sparkstack.up.plan import (BLOCKED, SKIPPED, SPECS, STAGES, UP_TO_DATE, WILL_RUN, Ground, Stage, UpPlan,
-                                plan_stage, without_page_cache)
+                                plan_stage, serving_already)
 
 
 @dataclass(frozen=True)
@@ -136,28 +135,9 @@ def _kept(stage: Stage, plan: UpPlan) -> StageRun | None:
 
 
 def _run_stage(stage: Stage, view: View, finished: Mapping[str, Stage]) -> dict:
-    """Apply one stage through its command; returns what the record keeps of it."""
-    command = SPECS[stage.name].command
-    if stage.name == "launch":
-        plan, now = stage.work
-        if now.present:
-            stopped = launch_cmd.stop(plan, view)
-            if stopped.failures:
-                raise SparkstackError("; ".join(stopped.failures))
-        started = command.apply(plan, view)
-        after = launch_cmd.serving(plan)
-        return {**stage.outputs, "run": after.run_id, "head_started_at": after.head_started_at,
-                "record": str(started.record)}
-    result = command.apply(stage.work, view)
-    failed = command.failure(stage.work, result)
-    if failed:
-        raise SparkstackError(failed)
-    outputs = command.outputs(stage.work, result)
-    if stage.name in ("verify", "bench"):  # judged later against the launch that serves then
-        launch = finished.get("launch")
-        out = dict(launch.outputs) if launch is not None else {}
-        return {"run": out.get("run"), "head_started_at": out.get("head_started_at"), **outputs}
-    return {**stage.outputs, **outputs}
+    """Apply one stage as its table row says (its command's apply, and what the record keeps of it)."""
+    spec = SPECS[stage.name]
+    return spec.run(spec.command, stage, view, finished)
 
 
 def apply_up(plan: UpPlan, view: View | None = None) -> UpResult:
@@ -182,7 +162,7 @@ def apply_up(plan: UpPlan, view: View | None = None) -> UpResult:
         _write_record(result())
 
     ground = None  # planned anew after a stage acted: its output may change the deployment
-    serving_already = plan.stage("launch") is not None and plan.stage("launch").state == UP_TO_DATE
+    serving = serving_already({s.name: s for s in plan.stages})
     stopped = None
     with view.stages([(s.name, s.state) for s in plan.stages]) as rows:
         for i, planned in enumerate(plan.stages):
@@ -191,8 +171,8 @@ def apply_up(plan: UpPlan, view: View | None = None) -> UpResult:
             try:
                 if planned.state != SKIPPED and ground is not None:
                     stage = plan_stage(planned.name, r, environ, finished, plan.last_run, ground)
-                if stage.name == "tune" and serving_already:
-                    stage = without_page_cache(stage)
+                if serving:
+                    stage = SPECS[stage.name].while_serving(stage)
                 if stage.state in (UP_TO_DATE, SKIPPED):
                     runs.append(_kept(stage, plan) or StageRun(
                         stage.name, "up to date" if stage.state == UP_TO_DATE else "skipped", 0.0, stage.detail,

@@ -8,29 +8,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkstack.command import Command, View, absolute, option
+from sparkstack.bench.command import BenchOptions
+from sparkstack.command import Command, View, absolute, embed, option, request
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.image.command import link_base_option
-from sparkstack.launch.command import (health_attempts_option, health_interval_option, profile_option,
-                                       worker_delay_option)
+from sparkstack.launch.command import LaunchOptions
 from sparkstack.oci.command import pins_option
 from sparkstack.patch.command import overlay_option, overlay_src_option, platform_option
 from sparkstack.ship.command import streams_option, via_option
 from sparkstack.tune.command import host_root_option, ssh_config_option
+from sparkstack.options import SamplingOptions, image_option, recipe_option
 from sparkstack.verify.command import api_key_env_option
 
 
-@dataclass(frozen=True, kw_only=True)
+@request
 class Request:
-    recipe: str | None = option(None, "--recipe", help="Recipe name or path (default: glm53-flash-dflash2-nvfp4).")
+    recipe: str | None = recipe_option()
     start: str | None = option(None, "--from", metavar="STAGE", help="Apply from this stage on (earlier ones are "
                                "still planned: a later stage may need their output).")
     until: str | None = option(None, "--until", metavar="STAGE", help="Apply up to and including this stage.")
     bench: bool = option(False, "--bench", kind="flag", help="Also bench the served pair, last.")
     yes: bool = option(False, "--yes", kind="flag", help="Apply without asking (needed off a terminal).")
-    image: Path | None = option(None, "--image", kind="path",
-                                help="A built image (OCI layout or archive): the build stage's output as given (`nix "
-                                     "run .#up` passes the flake's).")
+    image: Path | None = image_option(kind="path", help="A built image (OCI layout or archive): the build stage's "
+                                                        "output as given (`nix run .#up` passes the flake's).")
     base: Path | None = option(None, "--base", kind="path",
                                help="The pinned base (OCI layout or archive) to build on, without Nix: `image pull --out DIR` makes it.")
     overlay: Path | None = overlay_option()
@@ -43,27 +43,18 @@ class Request:
     ssh_config: Path | None = ssh_config_option()
     host_root: Path = host_root_option("Host facts and tuning below this root, on every rank (as tune and launch "
                                        "take it).")
-    profile: str = profile_option("launch's profile: lab drops --gpus, --ulimit memlock and --device "
-                                  "/dev/infiniband.")
+    _profile: object = embed(LaunchOptions, only=("profile",))
     via: str | None = via_option("ship's connection (as ship --via).")
     streams: int | None = streams_option("ship's ssh streams per host.")
-    health_interval: float = health_interval_option("launch: seconds between /health polls.")
-    health_attempts: int = health_attempts_option("launch: /health polls before giving up.")
-    worker_delay: float = worker_delay_option("launch: seconds between the workers and the head.")
+    _boot: object = embed(LaunchOptions, only=("health_interval", "health_attempts", "worker_delay"))
     verify_timeout: float = option(300.0, "--verify-timeout", kind=("float", 0.1, 86400), show_default=True,
                                    help="verify: seconds for the whole run.")
-    temperature: float = option(1.0, "--temperature", kind=("float", 0, 2), show_default=True,
-                                help="verify and bench: the serving temperature (the model's own default: 1.0).")
+    _sampling: object = embed(SamplingOptions, only=("temperature",))  # verify's too
     api_key_env: str = api_key_env_option()
-    bench_concurrency: tuple[int, ...] = option((1, 2, 4), "--bench-concurrency", kind="ints", show_default=True)
-    bench_rounds: int = option(3, "--bench-rounds", kind=("int", 1, 100), show_default=True)
-    bench_category: tuple[str, ...] = option((), "--bench-category", kind="names", metavar="NAME",
-                                             help="A suite category for bench (repeatable; default: all).")
+    _bench: object = embed(BenchOptions, prefix="bench", only=("concurrency", "rounds", "category"))
     bench_out: Path = option(Path("bench.json"), "--bench-out", kind="path", show_default=True,
                              help="Where bench's report goes (its --json document).")
-    no_gates: bool = option(False, "--no-gates", kind="flag",
-                            help="launch: skip the image's gates (its vLLM argv parser and import gates, run in "
-                                 "throwaway containers before the boot).")
+    _gates: object = embed(LaunchOptions, only=("gates",))
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Print the plan of every stage; change nothing.")
     as_json: bool = option(False, "--json", kind="flag", help="Print the plan (and the run) as JSON.")
     # not options: what plan() works out once from the ones above

@@ -1,6 +1,8 @@
 """`sparkstack up`'s plan: every stage of the runbook, each planned by its own command object, as data.
 
-A stage is a command object, the request `up` makes for it from its own, and what it waits for (`STAGES`). A
+A stage is a row of `STAGES_TABLE`: its command object, the request `up` makes for it from its own, what it waits
+for, and its behaviour in up (its resume rule, what "up to date" means for it, how it runs); the plan and apply
+loops read the row and never branch on a stage's name. A
 stage says one of three things: up to date (and what makes it so), what it will do (bytes where known), or what
 blocks it (and the command line that unblocks it). A stage whose input an earlier stage will produce is not
 planned against today's disk: it says it will run after that stage, and is planned afresh when its turn comes
@@ -13,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkstack.bench import command as bench_cmd
-from sparkstack.command import BLOCKED, UP_TO_DATE, WILL_RUN, Blocked, Command, Summary
+from sparkstack.command import BLOCKED, UP_TO_DATE, WILL_RUN, Blocked, Command, Summary, request_from
 from sparkstack.errors import SparkstackError, UsageError
 from sparkstack.fetch import command as fetch_cmd
 from sparkstack.image import command as image_cmd
@@ -31,28 +33,6 @@ from sparkstack.tune import command as tune_cmd
 from sparkstack.verify import command as verify_cmd
 
 SKIPPED = "skipped"
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    name: str
-    command: Command
-    needs: tuple[str, ...]  # what it reads that an earlier stage writes
-
-
-STAGES_TABLE = (
-    StageSpec("fetch", fetch_cmd.COMMAND, ()),
-    StageSpec("strip", strip_cmd.COMMAND, ("fetch",)),
-    StageSpec("build", image_cmd.COMMAND, ()),
-    StageSpec("ship", ship_cmd.COMMAND, ("strip", "build")),
-    StageSpec("tune", tune_cmd.COMMAND, ()),
-    StageSpec("launch", launch_cmd.COMMAND, ("build", "ship")),
-    StageSpec("verify", verify_cmd.COMMAND, ("launch",)),
-    StageSpec("bench", bench_cmd.COMMAND, ("launch",)),
-)
-STAGES = tuple(s.name for s in STAGES_TABLE)
-NEEDS = {s.name: s.needs for s in STAGES_TABLE}
-SPECS = {s.name: s for s in STAGES_TABLE}
 
 
 @dataclass(frozen=True)
@@ -100,8 +80,13 @@ class UpPlan:
                 "last_run": self.last_run, "licence": None if self.licence is None else dict(self.licence)}
 
 
+def serving_already(stages: Mapping[str, Stage]) -> bool:
+    """The launch stage (the one judged by what serves) is up to date: the pair serves the plan's very run."""
+    return any(SPECS[n].serves and s.state == UP_TO_DATE for n, s in stages.items())
+
+
 def stage_range(start: str | None, until: str | None, bench: bool) -> tuple[str, ...]:
-    names = [s for s in STAGES if bench or s != "bench"]
+    names = [s.name for s in STAGES_TABLE if bench or not s.opt_in]
     for flag, value in (("--from", start), ("--until", until)):
         if value is not None and value not in names:
             why = " (bench is a stage only with --bench)" if value == "bench" else ""
@@ -143,30 +128,51 @@ class Ground:
 
 def stage_request(name: str, r, ground: Ground):
     """The request `up` makes of stage `name`'s command: a dry run (up plans read-only; apply acts on the plan)."""
-    if name == "fetch":
-        return fetch_cmd.Request(recipe=r.recipe, dry_run=True)
-    if name == "build":
-        return image_cmd.Request(base=r.base or Path("BASE"), overlay=r.overlay, overlay_src=r.overlay_src,
-                                 out=r.out, platform=r.platform, link_base=r.link_base, dry_run=True)
-    if name == "ship":
-        return ship_cmd.Request(recipe=r.recipe, image=str(r.built_image), ssh_config=r.ssh_config, via=r.via,
-                                streams=r.streams, dry_run=True)
-    if name == "tune":
-        return tune_cmd.Request(target="all", recipe=r.recipe, host_root=r.host_root, ssh_config=r.ssh_config,
-                                dry_run=True)
-    if name == "launch":
-        return launch_cmd.Request(target="all", recipe=r.recipe, image=str(r.built_image), profile=r.profile,
-                                  host_root=r.host_root, ssh_config=r.ssh_config, gates=not r.no_gates,
-                                  health_interval=r.health_interval, health_attempts=r.health_attempts,
-                                  worker_delay=r.worker_delay, probe=True, dry_run=True)
-    if name == "verify":
-        return verify_cmd.Request(url=ground.api_url, api_key_env=r.api_key_env, timeout=r.verify_timeout,
-                                  temperature=r.temperature, dry_run=True)
-    if name == "bench":
-        return bench_cmd.Request(url=ground.api_url, api_key_env=r.api_key_env, concurrency=r.bench_concurrency,
-                                 rounds=r.bench_rounds, category=r.bench_category, temperature=r.temperature,
-                                 out=r.bench_out, dry_run=True)
-    raise AssertionError(name)
+    return SPECS[name].request(r, ground)
+
+
+def _fetch_request(r, ground: Ground):
+    return fetch_cmd.Request(recipe=r.recipe, dry_run=True)
+
+
+def _strip_request(r, ground: Ground):
+    """strip of the snapshot fetch writes (the recipe's model), into the entry the recipe serves."""
+    from sparkstack.hfcache import entry_name, snapshot_dir
+
+    d = ground.deployment
+    fetched = d.local_hub / entry_name(d.recipe.model)
+    source = snapshot_dir(fetched, d.recipe.model_pin) if d.recipe.model_pin else fetched
+    return strip_cmd.Request(src=source, out=d.local_hub / d.knobs["MODEL_CACHE_NAME"], dry_run=True)
+
+
+def _build_request(r, ground: Ground):
+    return image_cmd.Request(base=r.base or Path("BASE"), overlay=r.overlay, overlay_src=r.overlay_src, out=r.out,
+                             platform=r.platform, link_base=r.link_base, dry_run=True)
+
+
+def _ship_request(r, ground: Ground):
+    return ship_cmd.Request(recipe=r.recipe, image=str(r.built_image), ssh_config=r.ssh_config, via=r.via,
+                            streams=r.streams, dry_run=True)
+
+
+def _tune_request(r, ground: Ground):
+    return tune_cmd.Request(target="all", recipe=r.recipe, host_root=r.host_root, ssh_config=r.ssh_config,
+                            dry_run=True)
+
+
+def _launch_request(r, ground: Ground):
+    return request_from(launch_cmd.Request, r, target="all", recipe=r.recipe, image=str(r.built_image),
+                        host_root=r.host_root, ssh_config=r.ssh_config, probe=True, dry_run=True)
+
+
+def _verify_request(r, ground: Ground):
+    return verify_cmd.Request(url=ground.api_url, api_key_env=r.api_key_env, timeout=r.verify_timeout,
+                              temperature=r.temperature, dry_run=True)
+
+
+def _bench_request(r, ground: Ground):
+    return request_from(bench_cmd.Request, r, url=ground.api_url, api_key_env=r.api_key_env, out=r.bench_out,
+                        dry_run=True)
 
 
 def rerun_line(command: Command, request) -> str:
@@ -210,16 +216,22 @@ def _held_back(name: str, rerun: str, earlier: Mapping[str, Stage]) -> Stage | N
     return None
 
 
-def _strip_source(r, ground: Ground) -> Stage | Path:
-    """The snapshot fetch writes (the recipe's model), or the stage itself when the recipe serves it unstripped."""
-    from sparkstack.hfcache import entry_name, snapshot_dir
+def _strip_rule(r, ground: Ground, rerun: str) -> Stage | None:
+    """Nothing to strip when the recipe serves the model as fetched."""
+    from sparkstack.hfcache import entry_name
 
     d = ground.deployment
     fetched, served = d.local_hub / entry_name(d.recipe.model), d.local_hub / d.knobs["MODEL_CACHE_NAME"]
     if served == fetched:
         return Stage("strip", UP_TO_DATE, f"the recipe serves {served.name} as fetched: nothing to strip",
                      shlex.join(("sparkstack", "strip", str(fetched))))
-    return snapshot_dir(fetched, d.recipe.model_pin) if d.recipe.model_pin else fetched
+    return None
+
+
+def _ship_rule(r, ground: Ground, rerun: str) -> Stage | None:
+    if len(ground.deployment.ranks) == 1:
+        return Stage("ship", UP_TO_DATE, "one rank, this machine: nothing to ship", rerun)
+    return None
 
 
 def _pin_base_line(r, reference: str) -> str:
@@ -227,12 +239,11 @@ def _pin_base_line(r, reference: str) -> str:
                                                                pins=r.pins if r.pins_given else None))
 
 
-def _build_rule(r) -> Stage | None:
+def _build_rule(r, ground: Ground, rerun: str) -> Stage | None:
     """The build stage's inputs: an image given, the pins, and a base that is the pinned one."""
     from sparkstack.image.plan import complete_output
     from sparkstack.oci.pins import BLOG_BASE, read_pins
 
-    rerun = rerun_line(image_cmd.COMMAND, stage_request("build", r, None))
     if r.image is not None:
         given = complete_output(r.image)
         if given is None:
@@ -262,6 +273,10 @@ def _build_rule(r) -> Stage | None:
     return None
 
 
+def _strip_unblock(r, rerun: str) -> str:
+    return _fetch_rerun(r)
+
+
 def _build_unblock(r, rerun: str) -> str:
     """What unblocks a build its own planner refused: pinning the overlay when it is unpinned, else its dry run."""
     from sparkstack.patch.overlay import load_overlay
@@ -278,7 +293,7 @@ def _build_unblock(r, rerun: str) -> str:
 
 def _checked_for(name: str, earlier: Mapping[str, Stage], last_run: Mapping[str, object] | None) -> dict | None:
     """The previous up's record of stage `name`, if it passed against the very launch that serves now."""
-    launch = earlier.get("launch")
+    launch = next((s for n, s in earlier.items() if SPECS[n].serves), None)
     if launch is None or launch.state != UP_TO_DATE or not last_run:
         return None
     done = next((s for s in last_run.get("stages", []) if s.get("stage") == name), None)
@@ -295,6 +310,20 @@ def _checked_for(name: str, earlier: Mapping[str, Stage], last_run: Mapping[str,
 def _stage(name: str, summary: Summary, rerun: str, plan, doc) -> Stage:
     return Stage(name, summary.state, summary.detail, rerun, summary.unblock, summary.bytes, (),
                  summary.outputs, doc, plan)
+
+
+def _summarised(name: str, plan, rerun: str, doc, earlier, last_run) -> Stage:
+    """Most stages: up to date, to run or blocked as their command's own summary says."""
+    try:
+        summary = SPECS[name].command.summary(plan)
+    except Blocked as exc:
+        return Stage(name, BLOCKED, exc.detail, rerun, unblock=exc.unblock or f"{rerun} --dry-run", plan=doc,
+                     work=plan)
+    return _stage(name, summary, rerun, plan, doc)
+
+
+def _launch_judged(name: str, plan, rerun: str, doc, earlier, last_run) -> Stage:
+    return _launch_stage(plan, rerun)
 
 
 def _launch_stage(plan, rerun: str) -> Stage:
@@ -323,62 +352,42 @@ def _launch_stage(plan, rerun: str) -> Stage:
 
 def plan_stage(name: str, r, environ: Mapping[str, str], earlier: Mapping[str, Stage],
                last_run: Mapping[str, object] | None, ground: Ground) -> Stage:
-    """Stage `name`: up's rule for it first, then its command's own plan and summary."""
+    """Stage `name`: up's rule for it first, then its command's own plan, judged as the stage's table row says."""
     spec = SPECS[name]
     rerun = ""  # until the stage's request is made
     try:
-        if name == "build":
-            ruled = _build_rule(r)
-            if ruled is not None:
-                return ruled
-        if name == "strip":
-            source = _strip_source(r, ground)
-            if isinstance(source, Stage):
-                return source
-            request = strip_cmd.Request(src=source, out=ground.deployment.local_hub /
-                                        ground.deployment.knobs["MODEL_CACHE_NAME"], dry_run=True)
-        else:
-            request = stage_request(name, r, ground)
+        request = spec.request(r, ground)
         rerun = rerun_line(spec.command, request)
-        if name in ("ship", "tune"):  # both reach the workers: not while one is still the recipe's placeholder
+        if spec.reaches_workers:  # not while a worker is still the recipe's placeholder
             waiting = tune_cmd.placeholder_ranks(ground.deployment)
             if waiting:
                 raise Blocked(f"{', '.join(waiting)}: the ssh target is the placeholder {tune_cmd.PLACEHOLDER_SSH}",
                               tune_cmd.unblock_placeholder(ground.deployment))
-        if name == "ship" and len(ground.deployment.ranks) == 1:
-            return Stage("ship", UP_TO_DATE, "one rank, this machine: nothing to ship", rerun)
+        ruled = spec.rule(r, ground, rerun)
+        if ruled is not None:
+            return ruled
         held = _held_back(name, rerun, earlier)
-        if held is not None and name not in ("verify", "bench"):
+        if held is not None and not spec.plans_waiting:
             return held
     except Blocked as exc:
         return Stage(name, BLOCKED, exc.detail, rerun, unblock=exc.unblock)
     try:
-        plan = spec.command.plan(request, environ, **_ground_args(name, ground))
+        plan = spec.command.plan(request, environ, **spec.deployment(ground))
     except Blocked as exc:
         return Stage(name, BLOCKED, exc.detail, rerun, unblock=exc.unblock or f"{rerun} --dry-run")
     except SparkstackError as exc:
-        unblock = {"strip": _fetch_rerun(r), "build": _build_unblock(r, rerun)}.get(name, f"{rerun} --dry-run")
-        return Stage(name, BLOCKED, str(exc), rerun, unblock=unblock)
+        return Stage(name, BLOCKED, str(exc), rerun, unblock=spec.unblock(r, rerun))
     doc = spec.command.plan_json(plan)
-    if name == "launch":
-        return _launch_stage(plan, rerun)
-    if name in ("verify", "bench"):
-        if held is not None:
-            return dataclasses.replace(held, plan=doc, work=plan)
-        return _checked_stage(name, plan, rerun, doc, earlier, last_run)
-    try:
-        summary = spec.command.summary(plan)
-    except Blocked as exc:
-        return Stage(name, BLOCKED, exc.detail, rerun, unblock=exc.unblock or f"{rerun} --dry-run", plan=doc,
-                     work=plan)
-    return _stage(name, summary, rerun, plan, doc)
+    if held is not None:
+        return dataclasses.replace(held, plan=doc, work=plan)
+    return spec.judge(name, plan, rerun, doc, earlier, last_run)
 
 
 def _rerun_of(name: str, r, ground: Ground) -> str:
     """The command line of a stage `up` does not plan (after --until), as far as it can be known unplanned."""
     try:
         return rerun_line(SPECS[name].command, stage_request(name, r, ground))
-    except (SparkstackError, AssertionError):
+    except SparkstackError:
         return ""
 
 
@@ -386,23 +395,19 @@ def _fetch_rerun(r) -> str:
     return rerun_line(fetch_cmd.COMMAND, fetch_cmd.Request(recipe=r.recipe))
 
 
-def _ground_args(name: str, ground: Ground) -> dict:
-    if name in ("fetch", "ship", "tune"):
-        return {"deployment": ground.deployment}
-    if name == "launch":
-        return {"deployment": ground.deployment_with_image}
-    return {}
-
-
-def _checked_stage(name: str, plan, rerun: str, doc, earlier, last_run) -> Stage:
-    """verify and bench: up to date when the previous up ran them, with these settings, on the launch serving now."""
+def _verify_judged(name: str, plan, rerun: str, doc, earlier, last_run) -> Stage:
+    """Up to date when the previous up passed it, at this temperature, on the launch serving now."""
     seen = _checked_for(name, earlier, last_run)
-    if name == "verify":
-        if seen is not None and seen.get("temperature", 1.0) == plan.verify.temperature:  # at 0 says nothing of 1
-            return Stage(name, UP_TO_DATE, f"passed against run {seen['run']} as it serves now "
-                         f"({seen.get('checks')} checks)", rerun, outputs=seen, plan=doc, work=plan)
-        return Stage(name, WILL_RUN, f"{len(plan.verify.checks)} checks against {plan.verify.url}", rerun, plan=doc,
-                     work=plan)
+    if seen is not None and seen.get("temperature", 1.0) == plan.verify.temperature:  # at 0 says nothing of 1
+        return Stage(name, UP_TO_DATE, f"passed against run {seen['run']} as it serves now "
+                     f"({seen.get('checks')} checks)", rerun, outputs=seen, plan=doc, work=plan)
+    return Stage(name, WILL_RUN, f"{len(plan.verify.checks)} checks against {plan.verify.url}", rerun, plan=doc,
+                 work=plan)
+
+
+def _bench_judged(name: str, plan, rerun: str, doc, earlier, last_run) -> Stage:
+    """Up to date when the previous up benched, with these settings, the launch serving now."""
+    seen = _checked_for(name, earlier, last_run)
     if seen is not None and seen.get("settings") == doc.get("settings"):
         return Stage(name, UP_TO_DATE, f"measured run {seen['run']} as it serves now: {seen.get('report')}", rerun,
                      outputs=seen, plan=doc, work=plan)
@@ -425,6 +430,85 @@ def without_page_cache(stage: Stage) -> Stage:
     return dataclasses.replace(stage, detail=summary.detail, plan=doc, work=plan)
 
 
+# ---------------------------------------------------------------- what each stage does when it runs (apply_up)
+
+def _applied(command: Command, stage: Stage, view, finished: Mapping[str, Stage]) -> dict:
+    """Its command's apply on the stage's plan; its failure line raised; what its command records of the run."""
+    result = command.apply(stage.work, view)
+    failed = command.failure(stage.work, result)
+    if failed:
+        raise SparkstackError(failed)
+    return {**stage.outputs, **command.outputs(stage.work, result)}
+
+
+def _applied_to_launch(command: Command, stage: Stage, view, finished: Mapping[str, Stage]) -> dict:
+    """verify and bench: recorded with the launch they ran against (a later up judges them against the launch that
+    serves then)."""
+    result = command.apply(stage.work, view)
+    failed = command.failure(stage.work, result)
+    if failed:
+        raise SparkstackError(failed)
+    launch = next((s for n, s in finished.items() if SPECS[n].serves), None)
+    out = dict(launch.outputs) if launch is not None else {}
+    return {"run": out.get("run"), "head_started_at": out.get("head_started_at"),
+            **command.outputs(stage.work, result)}
+
+
+def _relaunched(command: Command, stage: Stage, view, finished: Mapping[str, Stage]) -> dict:
+    """Stop what runs (only when something does), then start the plan's ranks; the run that serves after."""
+    plan, now = stage.work
+    started = launch_cmd.relaunch(plan, view, stop_first=bool(now.present))
+    after = launch_cmd.serving(plan)
+    return {**stage.outputs, "run": after.run_id, "head_started_at": after.head_started_at,
+            "record": str(started.record)}
+
+
+def _deployment(ground: Ground) -> dict:
+    return {"deployment": ground.deployment}
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its command, what it waits for, and its behaviour in `up` (`STAGES_TABLE`).
+    The plan and apply loops call these; neither asks a stage its name."""
+
+    name: str
+    command: Command
+    needs: tuple[str, ...]  # what it reads that an earlier stage writes
+    request: Callable  # (up's request, ground) -> its command's request, a dry run
+    deployment: Callable = lambda ground: {}  # (ground) -> what its command's plan takes of the ground
+    rule: Callable = lambda r, ground, rerun: None  # up's own resume rule, before its command plans: a Stage or None
+    reaches_workers: bool = False  # blocked while a worker is still the recipe's placeholder
+    plans_waiting: bool = False  # planned even while it waits for an earlier stage (its plan is shown)
+    unblock: Callable = lambda r, rerun: f"{rerun} --dry-run"  # (r, rerun) -> what unblocks a plan it refused
+    judge: Callable = _summarised  # (name, plan, rerun, doc, earlier, last_run) -> Stage: what "up to date" means
+    while_serving: Callable = lambda stage: stage  # the stage while the pair already serves (launch up to date)
+    run: Callable = _applied  # (command, stage, view, finished) -> what the run record keeps (apply_up calls it)
+    serves: bool = False  # up to date means the pair serves its plan (launch): verify and bench are judged by it
+    opt_in: bool = False  # a stage only with --bench
+
+
+STAGES_TABLE = (
+    StageSpec("fetch", fetch_cmd.COMMAND, (), _fetch_request, deployment=_deployment),
+    StageSpec("strip", strip_cmd.COMMAND, ("fetch",), _strip_request, rule=_strip_rule, unblock=_strip_unblock),
+    StageSpec("build", image_cmd.COMMAND, (), _build_request, rule=_build_rule, unblock=_build_unblock),
+    StageSpec("ship", ship_cmd.COMMAND, ("strip", "build"), _ship_request, deployment=_deployment,
+              rule=_ship_rule, reaches_workers=True),
+    StageSpec("tune", tune_cmd.COMMAND, (), _tune_request, deployment=_deployment, reaches_workers=True,
+              while_serving=without_page_cache),
+    StageSpec("launch", launch_cmd.COMMAND, ("build", "ship"), _launch_request,
+              deployment=lambda ground: {"deployment": ground.deployment_with_image}, judge=_launch_judged,
+              run=_relaunched, serves=True),
+    StageSpec("verify", verify_cmd.COMMAND, ("launch",), _verify_request, plans_waiting=True, judge=_verify_judged,
+              run=_applied_to_launch),
+    StageSpec("bench", bench_cmd.COMMAND, ("launch",), _bench_request, plans_waiting=True, judge=_bench_judged,
+              run=_applied_to_launch, opt_in=True),
+)
+STAGES = tuple(s.name for s in STAGES_TABLE)
+NEEDS = {s.name: s.needs for s in STAGES_TABLE}
+SPECS = {s.name: s for s in STAGES_TABLE}
+
+
 def plan_up(r, environ: Mapping[str, str], last_run: Mapping[str, object] | None) -> UpPlan:
     """Every stage's plan, in order. A stage before --from is planned too (a stage in range may need its output)
     and shown as skipped when it has something to do; a stage after --until is not planned at all."""
@@ -438,7 +522,7 @@ def plan_up(r, environ: Mapping[str, str], last_run: Mapping[str, object] | None
     in_range = r.stages
     last = max(STAGES.index(n) for n in in_range)
     for name in STAGES:
-        if name == "bench" and not r.bench:
+        if SPECS[name].opt_in and not r.bench:
             continue
         if STAGES.index(name) > last:  # nothing in range needs it: not even probed
             earlier[name] = Stage(name, SKIPPED, f"after --until {STAGES[last]}: not planned",
@@ -449,7 +533,7 @@ def plan_up(r, environ: Mapping[str, str], last_run: Mapping[str, object] | None
             stage = dataclasses.replace(stage, state=SKIPPED, detail=f"left out by --from/--until ({stage.state}: "
                                         f"{stage.detail})")
         earlier[name] = stage
-    if "tune" in earlier and earlier.get("launch") is not None and earlier["launch"].state == UP_TO_DATE:
-        earlier["tune"] = without_page_cache(earlier["tune"])
+    if serving_already(earlier):
+        earlier = {name: SPECS[name].while_serving(stage) for name, stage in earlier.items()}
     return UpPlan(recipe.name, tuple(earlier.values()), last_run, licence_of(recipe), r, dict(environ))
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sparkstack.command import Command, View, argument, option
+from sparkstack.options import temperature_option
 
 
 def api_key_env_option():
@@ -26,8 +27,7 @@ class Request:
     api_key_env: str = api_key_env_option()
     timeout: float = option(300.0, "--timeout", kind=("float", 0.1, 86400), show_default=True,
                             help="Seconds for the whole run; each request waits at most what is left of it.")
-    temperature: float = option(1.0, "--temperature", kind=("float", 0, 2), show_default=True,
-                                help="The serving temperature, for the sampling check (the model's own default: 1.0).")
+    temperature: float = temperature_option(help="The serving temperature, for the sampling check (the model's own default: 1.0).")
     dry_run: bool = option(False, "--dry-run", kind="flag", help="Print the checks it would run; send no request.")
     as_json: bool = option(False, "--json", kind="flag",
                            help='Print {"checks": [{"check", "status", "detail"}]}.')
