@@ -5,6 +5,7 @@ import json
 
 import pytest
 from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
+from clirun import one_error_line
 
 
 @pytest.fixture
@@ -14,12 +15,6 @@ def world(tmp_path):
     yield {"tmp": tmp_path, "repos": repos, "hub": hub,
            "env": {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}}
     hub.stop()
-
-
-def one_line(proc, code=1) -> str:
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-    return proc.stderr
 
 
 def pinned(w, name="recipe.toml"):
@@ -32,7 +27,7 @@ def test_a_listed_path_outside_the_snapshot_is_refused(run_cli, world, bad_path)
     files = dict(repo.commits[repo.refs["main"]])
     files[bad_path] = b"{}"
     repo.commit(files)
-    line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
     assert "which would land outside the snapshot" in line
     assert world["hub"].requests("get") == [] and not (world["tmp"] / "hf").exists()
 
@@ -49,7 +44,7 @@ def test_a_blob_name_that_is_a_path_is_refused_before_anything_is_written(run_cl
     world["hub"].faults["etag"] = etag
     recipe = pinned(world)
     before = tree(world["tmp"])
-    line = one_line(run_cli("fetch", "--recipe", recipe, env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, env=world["env"]))
     assert "names its blob" in line and "nothing written" in line
     assert not (world["tmp"] / "outside").exists()
     assert {p for p in tree(world["tmp"]) - before if not p.startswith("hf")} == set()
@@ -63,7 +58,7 @@ def test_a_body_longer_than_the_listed_size_is_cut_off_at_the_listed_size(run_cl
     size = len(data)
     world["hub"].faults["oversize"] = shard
     try:
-        line = one_line(run_cli("fetch", "--recipe", pinned(world),
+        line = one_error_line(run_cli("fetch", "--recipe", pinned(world),
                                 env={**world["env"], "HF_HUB_DOWNLOAD_TIMEOUT": "3"}))
     finally:
         world["hub"].released.set()
@@ -76,7 +71,7 @@ def test_a_body_longer_than_the_listed_size_is_cut_off_at_the_listed_size(run_cl
                                          ("HF_HUB_DOWNLOAD_TIMEOUT", "abc"), ("HF_HUB_ETAG_TIMEOUT", "1.5")])
 def test_a_bad_hub_setting_is_one_line_naming_it(run_cli, world, name, value):
     recipe = recipe_copy(world["tmp"] / "mine.toml")
-    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env={**world["env"], name: value}))
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, "--resolve", env={**world["env"], name: value}))
     assert f"{name}={value!r}" in line
     assert world["hub"].requests() == []
 
@@ -85,7 +80,7 @@ def test_a_failing_cdn_is_named_not_blamed_on_the_hub(run_cli, world):
     with HubStandin({}) as cdn:
         cdn.faults["status"] = "500"
         world["hub"].faults["redirect"] = cdn.url
-        line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+        line = one_error_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
         assert f"{cdn.url} (where the hub at {world['hub'].url} sent it) answered HTTP 500" in line
         assert [r["path"].startswith("/cdn/") for r in cdn.requests()] == [True] * len(cdn.requests()) != []
 
@@ -106,7 +101,7 @@ def test_a_local_value_error_is_not_blamed_on_the_hub(world, monkeypatch):
 
 def test_a_hub_answering_for_another_commit_is_refused(run_cli, world):
     world["hub"].faults["info_sha"] = "1" * 40
-    line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
     assert f"answered for commit '{'1' * 40}' instead" in line
     assert not (world["tmp"] / "hf").exists()
 
@@ -116,31 +111,31 @@ def test_resolve_refuses_an_answer_that_is_not_a_commit(run_cli, world, sha):
     world["hub"].faults["info_sha"] = sha
     recipe = recipe_copy(world["tmp"] / "mine.toml")
     before = recipe.read_bytes()
-    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
     assert "named no commit hash" in line
     assert recipe.read_bytes() == before
 
 
 def test_an_unknown_repo_is_one_line(run_cli, world):
     del world["repos"][DRAFTER]
-    line = one_line(run_cli("fetch", "--recipe", recipe_copy(world["tmp"] / "mine.toml"), "--resolve", env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", recipe_copy(world["tmp"] / "mine.toml"), "--resolve", env=world["env"]))
     assert f"{DRAFTER}@main: no such repo" in line
 
 
 def test_offline_mode_is_named(run_cli, world):
-    line = one_line(run_cli("fetch", "--recipe", pinned(world), env={**world["env"], "HF_HUB_OFFLINE": "1"}))
+    line = one_error_line(run_cli("fetch", "--recipe", pinned(world), env={**world["env"], "HF_HUB_OFFLINE": "1"}))
     assert "HF_HUB_OFFLINE is set" in line
 
 
 def test_a_bad_revision_in_the_recipe_is_refused_before_the_hub_is_asked(run_cli, world):
     recipe = recipe_copy(world["tmp"] / "mine.toml")
     recipe.write_text(recipe.read_text().replace('model_revision = "unpinned"', 'model_revision = "HEAD"'))
-    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
     assert "model_revision='HEAD' is neither" in line and world["hub"].requests() == []
 
 
 def test_bad_command_lines_are_usage_errors(run_cli, world):
-    one_line(run_cli("fetch", "--resolv", env=world["env"]), code=2)
-    one_line(run_cli("fetch", "extra-arg", env=world["env"]), code=2)
-    line = one_line(run_cli("fetch", "--recipe", world["tmp"] / "nope.toml", env=world["env"]))
+    one_error_line(run_cli("fetch", "--resolv", env=world["env"]), code=2)
+    one_error_line(run_cli("fetch", "extra-arg", env=world["env"]), code=2)
+    line = one_error_line(run_cli("fetch", "--recipe", world["tmp"] / "nope.toml", env=world["env"]))
     assert "no such recipe file" in line

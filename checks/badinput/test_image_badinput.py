@@ -7,6 +7,7 @@ import pytest
 
 import imagefix as fx
 import synth
+from clirun import one_error_line
 
 VLLM = fx.VLLM
 KV = f"{VLLM}/v1/core/kv_cache_utils.py"
@@ -164,11 +165,7 @@ def _cli(*args, timeout=HANG_S):
 
 def _one_line(proc, tmp: Path, *fragments) -> str:
     """Exactly one `sparkstack: error:` line holding every fragment; returns it with tmp shown as <tmp>."""
-    assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and proc.stderr.endswith("\n"), proc.stderr
-    assert "Traceback" not in proc.stderr and lines[0].startswith("sparkstack: error: "), proc.stderr
-    line = lines[0].replace(str(tmp), "<tmp>")  # so a fragment never matches the test's own dir name
+    line = one_error_line(proc).replace(str(tmp), "<tmp>")  # so a fragment never matches the test's own dir name
     for f in fragments:
         assert f in line, f"{f!r} not in: {line}"
     return line

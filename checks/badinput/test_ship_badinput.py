@@ -9,7 +9,7 @@ import pytest
 
 import hostfix
 import shipfix
-from clirun import sparkstack_cmd
+from clirun import one_error_line, sparkstack_cmd
 
 # A "host" whose ssh prints this instead of running the helper: what a compromised or broken host could say.
 HOSTILE = {
@@ -48,13 +48,6 @@ def ship(w, *args) -> subprocess.CompletedProcess:
     return proc
 
 
-def one_line(proc, code: int) -> str:
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("args", [
     ["-oProxyCommand=touch /tmp/pwned", "--no-image"],
     ["--streams", "0", "w1"],
@@ -65,7 +58,7 @@ def one_line(proc, code: int) -> str:
     ["w1", "--via", "fabric", "--no-image"],  # a plain ssh target has no fabric address
 ])
 def test_bad_command_lines_exit_2(world, args):
-    one_line(ship(world, *args), 2)
+    one_error_line(ship(world, *args), 2)
 
 
 def test_an_option_looking_host_never_reaches_ssh(world):
@@ -82,7 +75,7 @@ def test_an_option_looking_host_never_reaches_ssh(world):
     (["w1"], "IMAGE (what launch would run) glm53-dflash2-tony:v1"),  # the default image is nowhere here
 ])
 def test_bad_inputs_give_one_line(world, args, says):
-    assert says in one_line(ship(world, *args), 1)
+    assert says in one_error_line(ship(world, *args), 1)
 
 
 def test_a_snapshot_file_that_is_no_link_cannot_be_shipped_by_content(world):
@@ -91,24 +84,24 @@ def test_a_snapshot_file_that_is_no_link_cannot_be_shipped_by_content(world):
     target = (snap / "config.json").resolve()
     (snap / "config.json").unlink()
     (snap / "config.json").write_bytes(target.read_bytes())
-    assert "not a link into" in one_line(ship(world, "w1", "--no-image"), 1)
+    assert "not a link into" in one_error_line(ship(world, "w1", "--no-image"), 1)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_or_broken_host_answers_give_one_line(world, name):
-    line = one_line(ship(world, name, "--no-image", "--json"), 1)
+    line = one_error_line(ship(world, name, "--no-image", "--json"), 1)
     assert line.startswith(f"sparkstack: error: {name}: ")
     if name == "error-reply":
         assert line.endswith("disk on fire second line")
 
 
 def test_unknown_host_gives_sshs_own_line(world):
-    line = one_line(ship(world, "nowhere", "--no-image"), 1)
+    line = one_error_line(ship(world, "nowhere", "--no-image"), 1)
     assert line == "sparkstack: error: nowhere: ssh: Could not resolve hostname nowhere: Name or service not known"
 
 
 def test_dry_run_json_with_a_failing_host_still_prints_the_plan(world):
     proc = ship(world, "w1", "silent", "--no-image", "--dry-run", "--json")
-    one_line(proc, 1)
+    one_error_line(proc, 1)
     hosts = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
     assert hosts["w1"]["error"] is None and hosts["silent"]["error"]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import sparkstack_cmd, start
+from clirun import one_error_line, sparkstack_cmd, start
 from hub_standin import (
     DRAFTER,
     MODEL,
@@ -44,13 +44,6 @@ def world(tmp_path):
 def fetch(run_cli, w, *args, env=None, recipe=None):
     recipe = recipe or w.get("recipe") or recipe_copy(w["tmp"] / "recipe.toml", *w["pinned"].values())
     return run_cli("fetch", "--recipe", recipe, *args, env={**w["env"], **(env or {})})
-
-
-def one_error_line(proc) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("sparkstack: error: ")
-    return proc.stderr
 
 
 def tree(root) -> dict:

@@ -8,19 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import assert_planned
+from clirun import assert_planned, one_error_line
 
 import imagefix as fx
 import synth
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def one_error_line(proc) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: ") and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
 
 
 def tree(root: Path) -> dict[str, bytes]:

@@ -15,6 +15,7 @@ import imagefix as fx
 from sparkstack.errors import SparkstackError
 from sparkstack.patch import source
 from sparkstack.patch.overlay import load_overlay
+from clirun import one_error_line
 
 REPO = Path(__file__).parents[2]
 BLOG_BUNDLE_SHA = "2d5931db561d58c22bb8dca60a1a45e41905e1e4d11d7cafd44cd950ef41eb94"
@@ -65,12 +66,6 @@ def build(run_cli, w, src, out, check=0):
     proc = run_cli("image", "build", "--base", w["base"], "--overlay", w["overlay"], "--overlay-src", src,
                    "--out", out, "--json", check=check)
     return json.loads(proc.stdout)["result"] if check == 0 else proc
-
-
-def one_error_line(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("given", ["root", "files"])
