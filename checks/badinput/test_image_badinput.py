@@ -40,9 +40,7 @@ def world(tmp_path, monkeypatch):
 
 
 def _refused(proc, expect):
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("sparkstack: error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    assert expect in proc.stderr and "Traceback" not in proc.stderr
+    assert expect in one_error_line(proc)
 
 
 @pytest.mark.parametrize("case", sorted(CORPUS))
