@@ -176,3 +176,41 @@ def test_the_command_floor_stands_below_every_area_that_declares_a_command():
     assert graph["command"] <= {"errors", "text"}, graph["command"]
     declaring = sorted(p.parent.name for p in PACKAGE.glob("*/command.py"))
     assert declaring and all("command" in graph[a] for a in declaring), declaring
+
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "ARCHITECTURE.md"
+FLOOR_ROW = re.compile(r"\| (\d+) \| ([^|]+) \| ([^|]+) \|")
+
+
+def floor_table() -> dict[str, tuple[int, str]]:
+    """ARCHITECTURE.md's floor table: each area it names (`cli.py` -> cli, `sweep/` -> sweep) -> its floor as
+    written, and what the row says it imports."""
+    section = ARCHITECTURE.read_text().split("## Floors", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        row = FLOOR_ROW.match(line)
+        if row:
+            for area in re.findall(r"`(\w+)(?:\.py|/)`", row[2]):
+                table[area] = (int(row[1]), row[3])
+    return table
+
+
+def test_the_floor_table_in_architecture_md_is_the_one_the_imports_give():
+    """Each area's floor and the areas its row names are what the imports make them (the package's __init__,
+    `__version__` only, is left out, as the page says). A new import, or an area moved, fails until the table
+    says it."""
+    graph = package_graph()
+    floor = floors(graph)
+    areas = set(graph) - {"sparkstack"}
+    table = floor_table()
+    assert set(table) == areas, f"areas the table lacks: {areas - set(table)}; it names: {set(table) - areas}"
+    wrong = {a: (table[a][0], floor[a]) for a in areas if table[a][0] != floor[a]}
+    assert wrong == {}, f"(written, derived) floors: {wrong}"
+    declaring = {p.parent.name for p in PACKAGE.glob("*/command.py")}
+    for area in sorted(areas):
+        said = {b for b in areas if b != area and re.search(rf"(?<![\w.]){b}(?!\w)", table[area][1])}
+        if "each area's `command` module" in table[area][1]:
+            said |= declaring
+        imports = graph[area] - {"sparkstack"}
+        assert said == imports, f"{area}: the table names {sorted(said - imports)} it does not import, " \
+                                f"and not {sorted(imports - said)} it does"
