@@ -300,3 +300,49 @@ def test_a_hostile_gates_label_is_refused_not_run(world, label):
     # Nothing the label names runs; the vLLM argv gate (preflight's own script, not the label's) may.
     from sparkstack.launch.preflight import ARGV_GATE
     assert [c for c in recorded(world) if c[0] == "docker" and "run" in c and ARGV_GATE not in c] == []
+
+
+# The plans that ask no host anything: they read local files, the hub's or a registry's HTTP API, or nothing, and
+# start no process (not even a read-only one). The others ask read-only and say so in ARCHITECTURE.md: launch reads
+# the head's nvidia-smi (and, with --probe, each rank's docker over ssh), tune each rank's facts, ship what each
+# host has, image load the engine's version and images, and up and sweep plan launch (up with --probe).
+PLANS_RUN_NO_PROCESS = [
+    ("bench",), ("compare",), ("fetch",), ("image", "build"), ("image", "pull"), ("image", "verify"),
+    ("patch", "check"), ("pin", "base"), ("pin", "fetch"), ("pin", "overlay"), ("plan", "kv"), ("soak",),
+    ("strip",), ("top",), ("verify",),
+]
+NO_PROCESS_CASES = [(path, i) for path, i in CASES if path in PLANS_RUN_NO_PROCESS] + [(("launch",), 3)]  # stop
+
+
+def dry_run_in_process(w: dict, path: tuple[str, ...], args: list[str], monkeypatch) -> list[list[str]]:
+    """The command's --dry-run through the click group in this process; returns every process it started
+    (Popen's one way in, so subprocess.run, plumbum and remote.Runner are all seen)."""
+    from click.testing import CliRunner
+
+    started = []
+    real = subprocess.Popen._execute_child
+
+    def recording(self, argv, *rest, **kw):
+        started.append([argv] if isinstance(argv, (str, bytes)) else [str(a) for a in argv])
+        return real(self, argv, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", recording)
+    monkeypatch.chdir(w["work"])
+    result = CliRunner().invoke(main, [*path, *args, "--dry-run"], env=w["env"], catch_exceptions=False)
+    assert result.exit_code in (0, 1), result.output
+    return started
+
+
+@pytest.mark.parametrize("path,case", NO_PROCESS_CASES, ids=[" ".join(p) + f"#{i}" for p, i in NO_PROCESS_CASES])
+def test_these_plans_run_no_process(world, path, case, monkeypatch):
+    args = expand(INVOCATIONS[path][0][case], world)
+    assert dry_run_in_process(world, path, args, monkeypatch) == []
+
+
+def test_the_process_recorder_sees_a_probing_plan(world, monkeypatch):
+    """`launch 0 --probe --dry-run` asks the ranks' docker over ssh: the recorder must see it, or the test above
+    proves nothing."""
+    args = expand(INVOCATIONS[("launch",)][0][4], world)
+    assert "--probe" in args
+    started = dry_run_in_process(world, ("launch",), args, monkeypatch)
+    assert any(Path(c[0]).name == "ssh" for c in started), started

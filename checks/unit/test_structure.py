@@ -214,3 +214,58 @@ def test_the_floor_table_in_architecture_md_is_the_one_the_imports_give():
         imports = graph[area] - {"sparkstack"}
         assert said == imports, f"{area}: the table names {sorted(said - imports)} it does not import, " \
                                 f"and not {sorted(imports - said)} it does"
+
+
+BINARY_UNITS = re.compile(r"\b(KiB|MiB|GiB|TiB)\b")
+
+
+def test_one_formatter_picks_a_byte_counts_unit():
+    """units.human_bytes is the one function that chooses among KiB, MiB, GiB and TiB: a function anywhere else
+    whose strings name two of them is a second unit ladder (a fixed "GiB" beside a limit is not)."""
+    offenders = []
+    for name, path in MODULES.items():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            units = {u for node in ast.walk(fn) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                     for u in BINARY_UNITS.findall(node.value)}
+            if len(units) > 1:
+                offenders.append(f"{name}.{fn.name}: {sorted(units)}")
+    assert offenders == ["sparkstack.units.human_bytes: ['GiB', 'KiB', 'MiB', 'TiB']"]
+
+
+ENGINE_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def test_deploy_writes_no_engine_flag_and_reads_only_the_recipe_value_defaults():
+    """The argv is launch's. deploy names only sparkstack's own --image and the generated flags whose value a plain
+    recipe may set in its args (RECIPE_VALUE_DEFAULTS), and those are generated flags of launch's."""
+    from sparkstack.deploy.plan import RECIPE_VALUE_DEFAULTS
+    from sparkstack.launch.plan import GENERATED_FLAGS
+
+    named = set()
+    for name, path in MODULES.items():
+        if name.startswith("sparkstack.deploy"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    named.update(ENGINE_FLAG.findall(node.value))
+    assert named - {"--image"} == set(RECIPE_VALUE_DEFAULTS), named
+    assert set(RECIPE_VALUE_DEFAULTS) <= set(GENERATED_FLAGS)
+
+
+APPS_NIX = PACKAGE.parents[1] / "nix" / "apps.nix"
+NO_APP = {"patch"}  # patch check has no app of its own (ARCHITECTURE.md says so)
+
+
+def test_every_top_level_command_but_patch_has_one_app_in_apps_nix():
+    """nix/apps.nix read as text (checks/nix/test_flake_e2e.py evaluates it): one `name = app "name" "name ..."`
+    per top-level command of the click group, and none for a command that does not exist."""
+    import click
+
+    from sparkstack.cli import main
+
+    commands = set(main.list_commands(click.Context(main)))
+    rows = re.findall(r'^\s*(\w+) = app "(\w+)" "(\w+)\b', APPS_NIX.read_text(), re.M)
+    assert rows and all(a == b == c for a, b, c in rows), rows
+    apps = [a for a, _, _ in rows]
+    assert len(apps) == len(set(apps)) and set(apps) == commands - NO_APP, sorted(set(apps) ^ (commands - NO_APP))
