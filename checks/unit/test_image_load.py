@@ -95,20 +95,17 @@ sys.exit(code)
 
 
 @pytest.fixture
-def fake_engine_world(tmp_path, monkeypatch):
+def fake_engine_world(image_world):
+    """image_world, and a fake docker, podman and ssh first on PATH that load what they are streamed."""
+    tmp_path = image_world["tmp"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("docker", "podman", "ssh"):
         (bin_dir / name).write_text(FAKE_ENGINE.replace("{python}", sys.executable))
         (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    base = tmp_path / "base"
-    digests = fx.write_base(base)
-    src = fx.write_overlay_source(tmp_path / "src")
-    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_STATE": str(tmp_path / "engine.json"),
            "FAKE_LOG": str(tmp_path / "engine.log")}
-    return {"tmp": tmp_path, "base": base, "digests": digests, "src": src, "overlay": overlay, "env": env}
+    return {**image_world, "env": env}
 
 
 def calls(w) -> list[dict]:
