@@ -67,3 +67,18 @@ def assert_planned(proc) -> None:
     lines = [line for line in (stdout + stderr).splitlines() if line.startswith("preflight:")]
     assert lines, f"no verdict line\n{out}"
     assert lines[-1].endswith("would start") == (proc.returncode == 0), f"exit {proc.returncode} vs {lines[-1]!r}"
+
+
+
+def one_error_line(proc, code: int | None = 1, notes_before: bool = False) -> str:
+    """A refusal as every command must give it: exit `code` (None: any non-zero), no traceback, and one line on
+    stderr, `sparkstack: error: ...`, the only error line. With `notes_before`, the warnings and notes a run
+    printed before it may precede it (bench's rerun warning); the error line is then the last. Returns it."""
+    out = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert (proc.returncode != 0) if code is None else (proc.returncode == code), out
+    assert "Traceback" not in proc.stderr, out
+    lines = proc.stderr.splitlines()
+    assert lines and proc.stderr.endswith("\n") and (notes_before or len(lines) == 1), out
+    assert lines[-1].startswith("sparkstack: error: "), out
+    assert not any(line.startswith("sparkstack: error: ") for line in lines[:-1]), out
+    return lines[-1]

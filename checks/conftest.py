@@ -77,3 +77,36 @@ def run_cli():
         return proc
 
     return run
+
+
+# The worlds that several test files stand on. A test file with a world of its own names it after what it holds
+# (`ship_world`, `hostile_ship_world`, `untuned_host`, ...): checks/README.md lists them.
+
+@pytest.fixture
+def hub_world(tmp_path):
+    """The hub stand-in serving the synthetic model and drafter (hub_standin.synthetic_repos), an empty HF_HOME,
+    and `pinned`: each repo's current commit, as a pinned recipe names it. The hub is stopped afterwards."""
+    from hub_standin import DRAFTER, MODEL, HubStandin, synthetic_repos
+
+    repos = synthetic_repos(tmp_path / "repos")
+    hub = HubStandin(repos).start()
+    w = {"tmp": tmp_path, "repos": repos, "hub": hub, "hf": tmp_path / "hf",
+         "pinned": {MODEL: repos[MODEL].refs["main"], DRAFTER: repos[DRAFTER].refs["main"]}}
+    w["env"] = {"HF_ENDPOINT": hub.url, "HF_HOME": str(w["hf"]), "HF_TOKEN": "", "HF_HUB_OFFLINE": "",
+                "HF_HUB_CACHE": "", "SPARKSTACK_RECIPES": ""}
+    yield w
+    hub.stop()
+
+
+@pytest.fixture
+def image_world(tmp_path, monkeypatch):
+    """What `image build` takes, written by imagefix (not by sparkstack's writer): a base layout (`digests`: its
+    manifest, config and layers), an overlay source and the overlay pinned from it; a private layer cache."""
+    import imagefix as fx
+
+    monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    digests = fx.write_base(base)
+    src = fx.write_overlay_source(tmp_path / "src")
+    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
+    return {"tmp": tmp_path, "base": base, "src": src, "overlay": overlay, "digests": digests}

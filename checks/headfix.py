@@ -2,7 +2,8 @@
 
 import http.server
 import socket
-import threading
+
+import http_standin
 
 
 def free_port() -> int:
@@ -11,7 +12,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(port: int, chat_body: bytes) -> http.server.HTTPServer:
+def serve(port: int, chat_body: bytes) -> http_standin.StandinServer:
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -29,6 +30,4 @@ def serve(port: int, chat_body: bytes) -> http.server.HTTPServer:
             self.end_headers()
             self.wfile.write(chat_body)
 
-    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return http_standin.serve(Handler, port=port)

@@ -19,11 +19,12 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from http_standin import Served, serve, shut, url_of
 from huggingface_hub.utils.sha import git_hash
 
 OVERSIZE = 16 << 20  # more than one of huggingface_hub's 10 MB download chunks
@@ -77,18 +78,7 @@ def files_of(flat: Path) -> dict[str, bytes]:
     return {p.relative_to(flat).as_posix(): p.read_bytes() for p in sorted(flat.rglob("*")) if p.is_file()}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request, client_address) -> None:
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
-
-
-class HubStandin:
+class HubStandin(Served):
     """`faults`: {"corrupt": path} serves that file with its first byte flipped (same size, same names);
     {"drop_once": path} ends the first GET of that file's body half way, by closing the connection;
     {"missing": path} answers 404 EntryNotFound for that file, though the listing names it;
@@ -112,23 +102,15 @@ class HubStandin:
         self._lock = threading.Lock()
 
     def start(self) -> Self:
-        self.server = _Server(("127.0.0.1", 0), self._handler())
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server = serve(self._handler())
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        shut(self.server)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return url_of(self.server)
 
     def requests(self, kind: str | None = None) -> list[dict]:
         """Logged requests; kind "api" (model_info), "head" or "get" (file metadata / file bodies)."""

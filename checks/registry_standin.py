@@ -21,9 +21,11 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from http_standin import Served, StandinServer, serve, shut, url_of
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -81,18 +83,7 @@ class Repo:
         return b.read_bytes() if isinstance(b, Path) else b
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request, client_address) -> None:
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # skopeo's TLS probe resets
-            super().handle_error(request, client_address)
-
-
-class Standin:
+class Standin(Served):
     def __init__(self, repos: dict[str, Repo], service: str = "standin") -> None:
         self.repos = repos
         self.service = service
@@ -101,7 +92,7 @@ class Standin:
         self.log: list[dict] = []
         self.tokens: set[str] = set()
         self._lock = threading.Lock()
-        self._servers: list[_Server] = []
+        self._servers: list[StandinServer] = []
 
     # ---- life
 
@@ -110,22 +101,14 @@ class Standin:
         self.cdn = self._serve(self._cdn_handler())
         return self
 
-    def _serve(self, handler) -> _Server:
-        server = _Server(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    def _serve(self, handler) -> StandinServer:
+        server = serve(handler)
         self._servers.append(server)
         return server
 
     def stop(self) -> None:
         for s in self._servers:
-            s.shutdown()
-            s.server_close()
-
-    def __enter__(self) -> Standin:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+            shut(s)
 
     @property
     def host(self) -> str:
@@ -137,7 +120,7 @@ class Standin:
 
     @property
     def cdn_url(self) -> str:
-        return f"http://127.0.0.1:{self.cdn.server_address[1]}"
+        return url_of(self.cdn)
 
     def move_tag(self, repo: str, tag: str, digest: str) -> None:
         self.repos[repo].tags[tag] = digest

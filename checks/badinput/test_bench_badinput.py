@@ -5,14 +5,8 @@ import threading
 import time
 
 import pytest
+from clirun import one_error_line
 from inprocess_engine import serving
-
-
-def one_error_line(proc) -> str:
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("sparkstack: error: "), proc.stderr
-    return lines[-1]
 
 
 BLOCK = ["--concurrency", "1", "--rounds", "1", "--category", "code"]
@@ -27,7 +21,7 @@ def test_a_failing_server_is_one_line(run_cli, fields, args, says):
     with serving(**fields) as engine:
         proc = run_cli("bench", engine.url, *BLOCK, *args)
     assert proc.returncode == 1
-    line = one_error_line(proc)
+    line = one_error_line(proc, code=None, notes_before=True)
     assert proc.stderr.strip() == line and "c=1 code: every request of round 1 failed" in line and says in line
 
 
@@ -39,7 +33,7 @@ def test_some_failed_requests_are_counted_and_fail_the_run(run_cli):
     (cell,) = json.loads(proc.stdout)["cells"]
     assert cell["errors"] == 2
     assert cell["drafts"] == 2 * 4  # the two that succeeded, one pass of the default pattern each
-    assert "2 of 4 requests failed (first, in c=2 code: chat: HTTP 500" in one_error_line(proc)
+    assert "2 of 4 requests failed (first, in c=2 code: chat: HTTP 500" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_a_dead_engine_is_one_line(run_cli):
@@ -47,7 +41,7 @@ def test_a_dead_engine_is_one_line(run_cli):
         url = engine.url
     proc = run_cli("bench", url, *BLOCK)
     assert proc.returncode == 1
-    assert "/health: " in one_error_line(proc) and "not serving" in proc.stderr
+    assert "/health: " in one_error_line(proc, code=None, notes_before=True) and "not serving" in proc.stderr
 
 
 def test_a_server_without_metrics_says_so(run_cli):
@@ -55,14 +49,14 @@ def test_a_server_without_metrics_says_so(run_cli):
         proc = run_cli("bench", engine.url, *BLOCK)
     assert proc.returncode == 1
     assert "sparkstack: warning: " in proc.stderr and "/metrics: not found (404)" in proc.stderr
-    assert "no_spec_metrics" in one_error_line(proc)
+    assert "no_spec_metrics" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_garbage_on_metrics_is_one_line(run_cli):
     with serving() as engine:
         engine.metrics_text = lambda: "this is { not prometheus\n"
         proc = run_cli("bench", engine.url, *BLOCK)
-    assert proc.returncode == 1 and "/metrics is not Prometheus text exposition" in one_error_line(proc)
+    assert proc.returncode == 1 and "/metrics is not Prometheus text exposition" in one_error_line(proc, code=None, notes_before=True)
 
 
 @pytest.mark.parametrize("args,says", [
@@ -82,20 +76,20 @@ def test_bad_options_are_usage_errors_and_send_nothing(run_cli, args, says):
     with serving() as engine:
         proc = run_cli("bench", engine.url, *args)
         assert engine.c["requests"] == 0
-    assert proc.returncode == 2 and says in one_error_line(proc)
+    assert proc.returncode == 2 and says in one_error_line(proc, code=None, notes_before=True)
 
 
 @pytest.mark.parametrize("url", ["ftp://127.0.0.1/", "127.0.0.1:8000", "http://127.0.0.1:99999", "http://h/?q=1"])
 def test_bad_urls_are_usage_errors(run_cli, url):
     proc = run_cli("bench", url, "--dry-run")
-    assert proc.returncode == 2 and "URL" in one_error_line(proc)
+    assert proc.returncode == 2 and "URL" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_the_plot_path_is_checked_before_the_run(run_cli, tmp_path):
     with serving() as engine:
         proc = run_cli("bench", engine.url, *BLOCK, "--plot", tmp_path)
         assert engine.c["requests"] == 0
-    assert proc.returncode == 2 and "is a directory" in one_error_line(proc)
+    assert proc.returncode == 2 and "is a directory" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_the_plot_never_replaces_a_file_bench_did_not_write(run_cli, tmp_path):
@@ -104,7 +98,7 @@ def test_the_plot_never_replaces_a_file_bench_did_not_write(run_cli, tmp_path):
     with serving() as engine:
         proc = run_cli("bench", engine.url, *BLOCK, "--plot", theirs)
         assert engine.c["requests"] == 0
-    assert proc.returncode == 1 and "refusing to replace it" in one_error_line(proc)
+    assert proc.returncode == 1 and "refusing to replace it" in one_error_line(proc, code=None, notes_before=True)
     assert theirs.read_bytes().endswith(b"someone's picture")
 
 
@@ -138,7 +132,7 @@ def test_a_restarted_server_stops_the_bench(run_cli):
         proc = run_cli("bench", engine.url, *BLOCK)
         watcher.join(5)
     assert proc.returncode == 1
-    assert "c=1 code: the server's counters went back during round 1" in one_error_line(proc)
+    assert "c=1 code: the server's counters went back during round 1" in one_error_line(proc, code=None, notes_before=True)
 
 
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
@@ -179,7 +173,7 @@ def test_a_key_the_server_echoes_is_masked(run_cli, monkeypatch):
                        env={"VLLM_API_KEY": KEY})
     assert proc.returncode == 1
     assert KEY not in proc.stdout + proc.stderr
-    assert "HTTP 500: bad key Bearer ***" in one_error_line(proc)
+    assert "HTTP 500: bad key Bearer ***" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_a_server_failing_mid_bench_keeps_the_finished_cells(run_cli):
@@ -190,7 +184,7 @@ def test_a_server_failing_mid_bench_keeps_the_finished_cells(run_cli):
     assert proc.returncode == 1
     doc = json.loads(proc.stdout)
     assert [(c["concurrency"], c["category"], c["errors"]) for c in doc["cells"]] == [(1, "code", 0)]
-    line = one_error_line(proc)
+    line = one_error_line(proc, code=None, notes_before=True)
     assert "stopped after 1 cells: c=1 json: every request of round 1 failed" in line and "HTTP 500" in line
 
 
@@ -207,7 +201,7 @@ def test_an_unwritable_plot_directory_is_refused_before_the_run(run_cli):
     with serving() as engine:
         proc = run_cli("bench", engine.url, *BLOCK, "--plot", "/proc/x.png")
         assert engine.c["requests"] == 0
-    assert proc.returncode == 2 and "--plot /proc/x.png: cannot write in /proc" in one_error_line(proc)
+    assert proc.returncode == 2 and "--plot /proc/x.png: cannot write in /proc" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_a_plot_that_fails_at_the_end_still_prints_the_figures_first(run_cli, tmp_path):
@@ -225,14 +219,14 @@ def test_a_plot_that_fails_at_the_end_still_prints_the_figures_first(run_cli, tm
         remover.join(5)
     assert proc.returncode == 1
     assert [c["category"] for c in json.loads(proc.stdout)["cells"]] == ["code"]
-    assert "No such file or directory" in one_error_line(proc)
+    assert "No such file or directory" in one_error_line(proc, code=None, notes_before=True)
 
 
 def test_a_plot_the_user_owns_is_refused_in_plot_words(run_cli, tmp_path):
     theirs = tmp_path / "holiday.png"
     theirs.write_bytes(b"not a png")
     proc = run_cli("bench", "http://127.0.0.1:9", "--dry-run", "--plot", theirs)
-    line = one_error_line(proc)
+    line = one_error_line(proc, code=None, notes_before=True)
     assert "is not a plot sparkstack wrote" in line and "choose another --plot" in line
     assert "archive" not in line and "--out" not in line
 
@@ -247,4 +241,4 @@ def test_a_plot_the_user_owns_is_refused_in_plot_words(run_cli, tmp_path):
 ])
 def test_bad_options_are_refused_even_in_a_dry_run(run_cli, args, says):
     proc = run_cli("bench", "http://127.0.0.1:9", "--dry-run", *args)
-    assert proc.returncode == 2 and says in one_error_line(proc)
+    assert proc.returncode == 2 and says in one_error_line(proc, code=None, notes_before=True)

@@ -4,22 +4,8 @@ import hashlib
 import json
 
 import pytest
-from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy, synthetic_repos
-
-
-@pytest.fixture
-def world(tmp_path):
-    repos = synthetic_repos(tmp_path / "repos")
-    hub = HubStandin(repos).start()
-    yield {"tmp": tmp_path, "repos": repos, "hub": hub,
-           "env": {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}}
-    hub.stop()
-
-
-def one_line(proc, code=1) -> str:
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-    return proc.stderr
+from hub_standin import DRAFTER, MODEL, HubStandin, recipe_copy
+from clirun import one_error_line
 
 
 def pinned(w, name="recipe.toml"):
@@ -27,14 +13,14 @@ def pinned(w, name="recipe.toml"):
 
 
 @pytest.mark.parametrize("bad_path", ["../../outside.json", "/etc/evil", "a//b.json", "./c.json", "d/../../e.json"])
-def test_a_listed_path_outside_the_snapshot_is_refused(run_cli, world, bad_path):
-    repo = world["repos"][MODEL]
+def test_a_listed_path_outside_the_snapshot_is_refused(run_cli, hub_world, bad_path):
+    repo = hub_world["repos"][MODEL]
     files = dict(repo.commits[repo.refs["main"]])
     files[bad_path] = b"{}"
     repo.commit(files)
-    line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", pinned(hub_world), env=hub_world["env"]))
     assert "which would land outside the snapshot" in line
-    assert world["hub"].requests("get") == [] and not (world["tmp"] / "hf").exists()
+    assert hub_world["hub"].requests("get") == [] and not (hub_world["tmp"] / "hf").exists()
 
 
 def tree(root) -> set[str]:
@@ -42,60 +28,60 @@ def tree(root) -> set[str]:
 
 
 @pytest.mark.parametrize("escape", ["absolute", "relative"])
-def test_a_blob_name_that_is_a_path_is_refused_before_anything_is_written(run_cli, world, escape):
+def test_a_blob_name_that_is_a_path_is_refused_before_anything_is_written(run_cli, hub_world, escape):
     """huggingface_hub joins the HEAD's ETag into the blob path unchecked: a hostile hub could write anywhere."""
-    target = world["tmp"] / "outside" / "PWNED"
+    target = hub_world["tmp"] / "outside" / "PWNED"
     etag = str(target) if escape == "absolute" else "../" * 40 + str(target).lstrip("/")
-    world["hub"].faults["etag"] = etag
-    recipe = pinned(world)
-    before = tree(world["tmp"])
-    line = one_line(run_cli("fetch", "--recipe", recipe, env=world["env"]))
+    hub_world["hub"].faults["etag"] = etag
+    recipe = pinned(hub_world)
+    before = tree(hub_world["tmp"])
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, env=hub_world["env"]))
     assert "names its blob" in line and "nothing written" in line
-    assert not (world["tmp"] / "outside").exists()
-    assert {p for p in tree(world["tmp"]) - before if not p.startswith("hf")} == set()
-    assert world["hub"].requests("get") == []  # refused at the HEAD: no body was asked for
+    assert not (hub_world["tmp"] / "outside").exists()
+    assert {p for p in tree(hub_world["tmp"]) - before if not p.startswith("hf")} == set()
+    assert hub_world["hub"].requests("get") == []  # refused at the HEAD: no body was asked for
 
 
-def test_a_body_longer_than_the_listed_size_is_cut_off_at_the_listed_size(run_cli, world):
+def test_a_body_longer_than_the_listed_size_is_cut_off_at_the_listed_size(run_cli, hub_world):
     """The stand-in sends the shard and 16 MiB more, then holds the connection: the fetch stops on its own."""
     shard = "model-00002-of-00003.safetensors"
-    data = world["repos"][MODEL].commits[world["repos"][MODEL].refs["main"]][shard]
+    data = hub_world["repos"][MODEL].commits[hub_world["repos"][MODEL].refs["main"]][shard]
     size = len(data)
-    world["hub"].faults["oversize"] = shard
+    hub_world["hub"].faults["oversize"] = shard
     try:
-        line = one_line(run_cli("fetch", "--recipe", pinned(world),
-                                env={**world["env"], "HF_HUB_DOWNLOAD_TIMEOUT": "3"}))
+        line = one_error_line(run_cli("fetch", "--recipe", pinned(hub_world),
+                                env={**hub_world["env"], "HF_HUB_DOWNLOAD_TIMEOUT": "3"}))
     finally:
-        world["hub"].released.set()
-    assert f"{shard}: {world['hub'].url} sent more than the {size} bytes the hub lists" in line
-    assert list((world["tmp"] / "hf").rglob(hashlib.sha256(data).hexdigest() + "*")) == []  # nor its partial file
-    assert not (world["tmp"] / "hf" / "hub" / "models--LibertAIDAI--GLM-5.3-Flash-NVFP4").exists()
+        hub_world["hub"].released.set()
+    assert f"{shard}: {hub_world['hub'].url} sent more than the {size} bytes the hub lists" in line
+    assert list((hub_world["tmp"] / "hf").rglob(hashlib.sha256(data).hexdigest() + "*")) == []  # nor its partial file
+    assert not (hub_world["tmp"] / "hf" / "hub" / "models--LibertAIDAI--GLM-5.3-Flash-NVFP4").exists()
 
 
 @pytest.mark.parametrize("name, value", [("HF_ENDPOINT", "http://[::1"), ("HF_ENDPOINT", "127.0.0.1:8080"),
                                          ("HF_HUB_DOWNLOAD_TIMEOUT", "abc"), ("HF_HUB_ETAG_TIMEOUT", "1.5")])
-def test_a_bad_hub_setting_is_one_line_naming_it(run_cli, world, name, value):
-    recipe = recipe_copy(world["tmp"] / "mine.toml")
-    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env={**world["env"], name: value}))
+def test_a_bad_hub_setting_is_one_line_naming_it(run_cli, hub_world, name, value):
+    recipe = recipe_copy(hub_world["tmp"] / "mine.toml")
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, "--resolve", env={**hub_world["env"], name: value}))
     assert f"{name}={value!r}" in line
-    assert world["hub"].requests() == []
+    assert hub_world["hub"].requests() == []
 
 
-def test_a_failing_cdn_is_named_not_blamed_on_the_hub(run_cli, world):
+def test_a_failing_cdn_is_named_not_blamed_on_the_hub(run_cli, hub_world):
     with HubStandin({}) as cdn:
         cdn.faults["status"] = "500"
-        world["hub"].faults["redirect"] = cdn.url
-        line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
-        assert f"{cdn.url} (where the hub at {world['hub'].url} sent it) answered HTTP 500" in line
+        hub_world["hub"].faults["redirect"] = cdn.url
+        line = one_error_line(run_cli("fetch", "--recipe", pinned(hub_world), env=hub_world["env"]))
+        assert f"{cdn.url} (where the hub at {hub_world['hub'].url} sent it) answered HTTP 500" in line
         assert [r["path"].startswith("/cdn/") for r in cdn.requests()] == [True] * len(cdn.requests()) != []
 
 
-def test_a_local_value_error_is_not_blamed_on_the_hub(world, monkeypatch):
+def test_a_local_value_error_is_not_blamed_on_the_hub(hub_world, monkeypatch):
     """huggingface_hub raises ValueError for its own limits too (a file over 50 GB without hf_xet)."""
     from sparkstack.errors import SparkstackError
     from sparkstack.fetch.hub import hub_errors
 
-    monkeypatch.setenv("HF_ENDPOINT", world["hub"].url)
+    monkeypatch.setenv("HF_ENDPOINT", hub_world["hub"].url)
     with pytest.raises(SparkstackError) as local, hub_errors("org/name@rev"):
         raise ValueError("The file is too large to be downloaded using the regular download method.")
     assert str(local.value) == "org/name@rev: The file is too large to be downloaded using the regular download method."
@@ -104,43 +90,43 @@ def test_a_local_value_error_is_not_blamed_on_the_hub(world, monkeypatch):
     assert "gave an answer that makes no sense" in str(garbled.value)
 
 
-def test_a_hub_answering_for_another_commit_is_refused(run_cli, world):
-    world["hub"].faults["info_sha"] = "1" * 40
-    line = one_line(run_cli("fetch", "--recipe", pinned(world), env=world["env"]))
+def test_a_hub_answering_for_another_commit_is_refused(run_cli, hub_world):
+    hub_world["hub"].faults["info_sha"] = "1" * 40
+    line = one_error_line(run_cli("fetch", "--recipe", pinned(hub_world), env=hub_world["env"]))
     assert f"answered for commit '{'1' * 40}' instead" in line
-    assert not (world["tmp"] / "hf").exists()
+    assert not (hub_world["tmp"] / "hf").exists()
 
 
 @pytest.mark.parametrize("sha", ["main", "A" * 40, "", "0" * 39])
-def test_resolve_refuses_an_answer_that_is_not_a_commit(run_cli, world, sha):
-    world["hub"].faults["info_sha"] = sha
-    recipe = recipe_copy(world["tmp"] / "mine.toml")
+def test_resolve_refuses_an_answer_that_is_not_a_commit(run_cli, hub_world, sha):
+    hub_world["hub"].faults["info_sha"] = sha
+    recipe = recipe_copy(hub_world["tmp"] / "mine.toml")
     before = recipe.read_bytes()
-    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=hub_world["env"]))
     assert "named no commit hash" in line
     assert recipe.read_bytes() == before
 
 
-def test_an_unknown_repo_is_one_line(run_cli, world):
-    del world["repos"][DRAFTER]
-    line = one_line(run_cli("fetch", "--recipe", recipe_copy(world["tmp"] / "mine.toml"), "--resolve", env=world["env"]))
+def test_an_unknown_repo_is_one_line(run_cli, hub_world):
+    del hub_world["repos"][DRAFTER]
+    line = one_error_line(run_cli("fetch", "--recipe", recipe_copy(hub_world["tmp"] / "mine.toml"), "--resolve", env=hub_world["env"]))
     assert f"{DRAFTER}@main: no such repo" in line
 
 
-def test_offline_mode_is_named(run_cli, world):
-    line = one_line(run_cli("fetch", "--recipe", pinned(world), env={**world["env"], "HF_HUB_OFFLINE": "1"}))
+def test_offline_mode_is_named(run_cli, hub_world):
+    line = one_error_line(run_cli("fetch", "--recipe", pinned(hub_world), env={**hub_world["env"], "HF_HUB_OFFLINE": "1"}))
     assert "HF_HUB_OFFLINE is set" in line
 
 
-def test_a_bad_revision_in_the_recipe_is_refused_before_the_hub_is_asked(run_cli, world):
-    recipe = recipe_copy(world["tmp"] / "mine.toml")
+def test_a_bad_revision_in_the_recipe_is_refused_before_the_hub_is_asked(run_cli, hub_world):
+    recipe = recipe_copy(hub_world["tmp"] / "mine.toml")
     recipe.write_text(recipe.read_text().replace('model_revision = "unpinned"', 'model_revision = "HEAD"'))
-    line = one_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=world["env"]))
-    assert "model_revision='HEAD' is neither" in line and world["hub"].requests() == []
+    line = one_error_line(run_cli("fetch", "--recipe", recipe, "--resolve", env=hub_world["env"]))
+    assert "model_revision='HEAD' is neither" in line and hub_world["hub"].requests() == []
 
 
-def test_bad_command_lines_are_usage_errors(run_cli, world):
-    one_line(run_cli("fetch", "--resolv", env=world["env"]), code=2)
-    one_line(run_cli("fetch", "extra-arg", env=world["env"]), code=2)
-    line = one_line(run_cli("fetch", "--recipe", world["tmp"] / "nope.toml", env=world["env"]))
+def test_bad_command_lines_are_usage_errors(run_cli, hub_world):
+    one_error_line(run_cli("fetch", "--resolv", env=hub_world["env"]), code=2)
+    one_error_line(run_cli("fetch", "extra-arg", env=hub_world["env"]), code=2)
+    line = one_error_line(run_cli("fetch", "--recipe", hub_world["tmp"] / "nope.toml", env=hub_world["env"]))
     assert "no such recipe file" in line

@@ -7,6 +7,7 @@ import pytest
 
 import imagefix as fx
 import synth
+from clirun import one_error_line
 
 VLLM = fx.VLLM
 KV = f"{VLLM}/v1/core/kv_cache_utils.py"
@@ -31,7 +32,7 @@ CORPUS = {
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch):
+def overlay_world(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
     src = fx.write_overlay_source(tmp_path / "src")
     overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
@@ -39,14 +40,12 @@ def world(tmp_path, monkeypatch):
 
 
 def _refused(proc, expect):
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("sparkstack: error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    assert expect in proc.stderr and "Traceback" not in proc.stderr
+    assert expect in one_error_line(proc)
 
 
 @pytest.mark.parametrize("case", sorted(CORPUS))
-def test_unsafe_base_is_refused(world, run_cli, case):
-    tmp, src, overlay = world
+def test_unsafe_base_is_refused(overlay_world, run_cli, case):
+    tmp, src, overlay = overlay_world
     layers, expect = CORPUS[case]
     fx.write_base(tmp / "base", layers=layers)
     before = synth.tree_digest(tmp / "base")
@@ -84,8 +83,8 @@ def _wrong_diff_id(base: Path, digests: dict) -> None:
 
 
 @pytest.mark.parametrize("case, expect", [("tampered layer", "does not match its digest"), ("wrong diff_id", "diffid mismatch")])
-def test_corrupt_base_is_refused(world, run_cli, case, expect):
-    tmp, src, overlay = world
+def test_corrupt_base_is_refused(overlay_world, run_cli, case, expect):
+    tmp, src, overlay = overlay_world
     digests = fx.write_base(tmp / "base")
     (_tamper_layer if case == "tampered layer" else _wrong_diff_id)(tmp / "base", digests)
     proc = run_cli("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
@@ -95,8 +94,8 @@ def test_corrupt_base_is_refused(world, run_cli, case, expect):
 
 
 @pytest.mark.parametrize("what", ["missing", "empty dir", "not a tar", "bad index"])
-def test_not_an_image(world, run_cli, what):
-    tmp, src, overlay = world
+def test_not_an_image(overlay_world, run_cli, what):
+    tmp, src, overlay = overlay_world
     base = tmp / "base"
     if what == "empty dir":
         base.mkdir()
@@ -118,8 +117,8 @@ def test_not_an_image(world, run_cli, what):
     (lambda t: t.replace('dest = "model_executor/models/qwen3_dflash2.py"', 'dest = "../../../../etc/x"'), "relative path inside"),
     (lambda t: t + "\n[[[", "not valid TOML"),
 ])
-def test_bad_overlay_toml(world, run_cli, edit, expect):
-    tmp, src, overlay = world
+def test_bad_overlay_toml(overlay_world, run_cli, edit, expect):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     toml = overlay / "overlay.toml"
     toml.write_text(edit(toml.read_text()))
@@ -127,8 +126,8 @@ def test_bad_overlay_toml(world, run_cli, edit, expect):
     _refused(proc, expect)
 
 
-def test_step_placeholder_cannot_escape_the_vllm_root(world, run_cli):
-    tmp, src, overlay = world
+def test_step_placeholder_cannot_escape_the_vllm_root(overlay_world, run_cli):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     toml = overlay / "overlay.toml"
     toml.write_text(toml.read_text().replace("{file:v1/core/kv_cache_utils.py}", "{file:../../../../../etc/passwd}"))
@@ -164,11 +163,7 @@ def _cli(*args, timeout=HANG_S):
 
 def _one_line(proc, tmp: Path, *fragments) -> str:
     """Exactly one `sparkstack: error:` line holding every fragment; returns it with tmp shown as <tmp>."""
-    assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and proc.stderr.endswith("\n"), proc.stderr
-    assert "Traceback" not in proc.stderr and lines[0].startswith("sparkstack: error: "), proc.stderr
-    line = lines[0].replace(str(tmp), "<tmp>")  # so a fragment never matches the test's own dir name
+    line = one_error_line(proc).replace(str(tmp), "<tmp>")  # so a fragment never matches the test's own dir name
     for f in fragments:
         assert f in line, f"{f!r} not in: {line}"
     return line
@@ -309,9 +304,9 @@ SIZES = {"manifest size one too big": ("manifest", 1), "config size one too smal
 
 
 @pytest.mark.parametrize("case", sorted(DOCUMENTS))
-def test_bad_oci_document(world, case):
+def test_bad_oci_document(overlay_world, case):
     """Every malformed index, manifest or config: one line naming file and key, from build and verify."""
-    tmp, src, overlay = world
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     edits, fragments = DOCUMENTS[case]
     fx.restack(tmp / "base", **edits)
@@ -320,8 +315,8 @@ def test_bad_oci_document(world, case):
 
 
 @pytest.mark.parametrize("case", sorted(SIZES))
-def test_descriptor_size_must_match_the_blob(world, case):
-    tmp, src, overlay = world
+def test_descriptor_size_must_match_the_blob(overlay_world, case):
+    tmp, src, overlay = overlay_world
     digests = fx.write_base(tmp / "base")
     digest, real, said = _size_off(*SIZES[case])(tmp / "base", digests)
     # the message names the blob and both numbers; when the blob is longer than said, "more than" the claim
@@ -344,8 +339,8 @@ DOCKER = {
 
 
 @pytest.mark.parametrize("case", sorted(DOCKER))
-def test_bad_docker_archive(world, case):
-    tmp, src, overlay = world
+def test_bad_docker_archive(overlay_world, case):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "layout")
     edit, fragments = DOCKER[case]
     if edit is None:  # the config member itself is hostile
@@ -355,8 +350,8 @@ def test_bad_docker_archive(world, case):
     _verify_refused(tmp, tmp / "base.tar", *fragments)
 
 
-def test_bad_document_in_an_oci_archive(world):
-    tmp, src, overlay = world
+def test_bad_document_in_an_oci_archive(overlay_world):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "layout")
     fx.restack(tmp / "layout", manifest=_layer_drop(0, "mediaType"))
     fx.layout_to_oci_archive(tmp / "layout", tmp / "base.tar")
@@ -381,17 +376,17 @@ def _nested_chain(base: Path, depth: int, fan_out: int = 1) -> None:
     (base / "index.json").write_text(json.dumps(idx))
 
 
-def test_deeply_nested_indexes(world):
-    tmp, src, overlay = world
+def test_deeply_nested_indexes(overlay_world):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     _nested_chain(tmp / "base", 2000)
     _build_refused(tmp, tmp / "base", src, overlay, "index", "deep")
     _verify_refused(tmp, tmp / "base", "index", "deep")
 
 
-def test_index_graph_that_revisits_one_index_is_walked_once(world):
+def test_index_graph_that_revisits_one_index_is_walked_once(overlay_world):
     """Seven levels, each listing the next 20 times: 20**7 paths to one amd64 manifest, nothing for arm64."""
-    tmp, src, overlay = world
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base", arch="amd64")
     _nested_chain(tmp / "base", 7, fan_out=20)
     _build_refused(tmp, tmp / "base", src, overlay, "linux/amd64")
@@ -399,8 +394,8 @@ def test_index_graph_that_revisits_one_index_is_walked_once(world):
     _one_line(proc, tmp, "20")  # verify, with no --platform: the nested index holds 20 manifests
 
 
-def test_index_with_100000_manifests(world):
-    tmp, src, overlay = world
+def test_index_with_100000_manifests(overlay_world):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base", arch="amd64")
     idx = json.loads((tmp / "base/index.json").read_text())
     idx["manifests"] = idx["manifests"] * 100_000
@@ -436,8 +431,8 @@ FILES = {
 
 
 @pytest.mark.parametrize("case", sorted(FILES))
-def test_hostile_file_in_a_layout(world, case):
-    tmp, src, overlay = world
+def test_hostile_file_in_a_layout(overlay_world, case):
+    tmp, src, overlay = overlay_world
     digests = fx.write_base(tmp / "base")
     damage, fragments = FILES[case]
     damage(tmp / "base", digests)
@@ -461,8 +456,8 @@ LAYOUT_MARKERS = {
 
 @pytest.mark.parametrize("case", sorted(LAYOUT_MARKERS))
 @pytest.mark.parametrize("form", ["layout dir", "oci-archive"])
-def test_bad_oci_layout_marker(world, case, form):
-    tmp, src, overlay = world
+def test_bad_oci_layout_marker(overlay_world, case, form):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "layout")
     marker = tmp / "layout/oci-layout"
     marker.unlink()
@@ -517,9 +512,9 @@ COMPRESSION = {
 
 
 @pytest.mark.parametrize("case", sorted(COMPRESSION))
-def test_decompression_error_names_the_layer(world, case):
+def test_decompression_error_names_the_layer(overlay_world, case):
     """The blob's digest is made to match, so only the compressed stream itself is wrong."""
-    tmp, src, overlay = world
+    tmp, src, overlay = overlay_world
     compressions, damage, kind = COMPRESSION[case]
     layers = fx.default_layers(compressions=compressions)
     digests = fx.write_base(tmp / "base", layers=layers)
@@ -592,8 +587,8 @@ OVERLAYS = {
 
 
 @pytest.mark.parametrize("case", sorted(OVERLAYS))
-def test_bad_overlay_paths_and_types(world, case):
-    tmp, src, overlay = world
+def test_bad_overlay_paths_and_types(overlay_world, case):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     toml = overlay / "overlay.toml"
     edit, fragments = OVERLAYS[case]
@@ -604,8 +599,8 @@ def test_bad_overlay_paths_and_types(world, case):
     assert sorted(p.name for p in tmp.iterdir()) == before  # nothing written beside the build, anywhere
 
 
-def test_overlay_toml_not_utf8(world):
-    tmp, src, overlay = world
+def test_overlay_toml_not_utf8(overlay_world):
+    tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     toml = overlay / "overlay.toml"
     toml.write_bytes(toml.read_bytes().replace(b"dflash2-fixture", b"dflash2-\xff"))

@@ -15,15 +15,7 @@ from pathlib import Path
 import pytest
 
 import imagefix as fx
-
-
-@pytest.fixture
-def world(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    src = fx.write_overlay_source(tmp_path / "src")
-    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
-    digests = fx.write_base(tmp_path / "base")
-    return tmp_path, src, overlay, digests
+from clirun import one_error_line
 
 
 def _build(tmp: Path, base: Path, src: Path, overlay: Path, out: Path) -> subprocess.CompletedProcess:
@@ -38,11 +30,9 @@ def _built(proc) -> dict:
 
 
 def _refused(proc, tmp: Path, out: Path, *fragments) -> None:
-    assert proc.returncode == 1, f"exit {proc.returncode}: the damaged base was accepted\n{proc.stderr}"
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: ") and "Traceback" not in proc.stderr, proc.stderr
+    line = one_error_line(proc)  # exit 1: the damaged base was refused
     for f in fragments:
-        assert f in lines[0], f"{f!r} not in: {lines[0]}"
+        assert f in line, f"{f!r} not in: {line}"
     assert not out.exists() and not list(tmp.glob(f".{out.name}*")) and not list(tmp.glob(".sparkstack-*"))
 
 
@@ -60,33 +50,33 @@ def _flip_in_place(path: Path, keep_mtime: bool = False) -> None:
 
 
 @pytest.mark.parametrize("warm_out", ["out1", "out1.tar"])
-def test_layer_flipped_in_place_after_a_warm_build(world, warm_out):
-    tmp, src, overlay, digests = world
+def test_layer_flipped_in_place_after_a_warm_build(image_world, warm_out):
+    tmp, src, overlay, digests = (image_world[k] for k in ("tmp", "src", "overlay", "digests"))
     _built(_build(tmp, tmp / "base", src, overlay, tmp / warm_out))
     layer = digests["layers"][0]
     _flip_in_place(fx.blob_path(tmp / "base", layer))
     _refused(_build(tmp, tmp / "base", src, overlay, tmp / "out2"), tmp, tmp / "out2", layer, "digest")
 
 
-def test_layer_flipped_with_its_mtime_restored(world):
+def test_layer_flipped_with_its_mtime_restored(image_world):
     """ctime still moves. (The warm build writes a tar, so no hardlink changes the blob's link count.)"""
-    tmp, src, overlay, digests = world
+    tmp, src, overlay, digests = (image_world[k] for k in ("tmp", "src", "overlay", "digests"))
     _built(_build(tmp, tmp / "base", src, overlay, tmp / "out1.tar"))
     layer = digests["layers"][1]
     _flip_in_place(fx.blob_path(tmp / "base", layer), keep_mtime=True)
     _refused(_build(tmp, tmp / "base", src, overlay, tmp / "out2"), tmp, tmp / "out2", layer, "digest")
 
 
-def test_config_names_a_wrong_diff_id_after_a_warm_build(world):
-    tmp, src, overlay, digests = world
+def test_config_names_a_wrong_diff_id_after_a_warm_build(image_world):
+    tmp, src, overlay, digests = (image_world[k] for k in ("tmp", "src", "overlay", "digests"))
     _built(_build(tmp, tmp / "base", src, overlay, tmp / "out1"))
     fx.restack(tmp / "base", config=lambda c: (c["rootfs"]["diff_ids"].__setitem__(0, "sha256:" + "0" * 64), c)[1])
     _refused(_build(tmp, tmp / "base", src, overlay, tmp / "out2"), tmp, tmp / "out2", digests["layers"][0], "diffid")
 
 
-def test_another_copy_of_the_base_is_verified_on_its_own(world):
+def test_another_copy_of_the_base_is_verified_on_its_own(image_world):
     """Same digests, other files: a corrupt second copy (say, a re-download) is not vouched for by the first."""
-    tmp, src, overlay, digests = world
+    tmp, src, overlay, digests = (image_world[k] for k in ("tmp", "src", "overlay", "digests"))
     _built(_build(tmp, tmp / "base", src, overlay, tmp / "out1"))
     shutil.copytree(tmp / "base", tmp / "copy")
     layer = digests["layers"][2]
@@ -94,8 +84,8 @@ def test_another_copy_of_the_base_is_verified_on_its_own(world):
     _refused(_build(tmp, tmp / "copy", src, overlay, tmp / "out2"), tmp, tmp / "out2", layer, "digest")
 
 
-def test_oci_archive_flipped_in_place_after_a_warm_build(world):
-    tmp, src, overlay, digests = world
+def test_oci_archive_flipped_in_place_after_a_warm_build(image_world):
+    tmp, src, overlay, digests = (image_world[k] for k in ("tmp", "src", "overlay", "digests"))
     fx.layout_to_oci_archive(tmp / "base", tmp / "base.tar")
     _built(_build(tmp, tmp / "base.tar", src, overlay, tmp / "out1"))
     layer = digests["layers"][0]
@@ -108,9 +98,9 @@ def test_oci_archive_flipped_in_place_after_a_warm_build(world):
     _refused(_build(tmp, tmp / "base.tar", src, overlay, tmp / "out2"), tmp, tmp / "out2", layer, "digest")
 
 
-def test_unchanged_base_is_served_from_the_cache(world):
+def test_unchanged_base_is_served_from_the_cache(image_world):
     """Dir outputs hardlink the base blobs (ctime moves, content does not): rebuilds still read no layer bytes."""
-    tmp, src, overlay, digests = world
+    tmp, src, overlay, digests = (image_world[k] for k in ("tmp", "src", "overlay", "digests"))
     first = _built(_build(tmp, tmp / "base", src, overlay, tmp / "out1"))
     assert first["cache"]["layers_read"] >= 3 and first["cache"]["layer_bytes_read"] > 0
     for out in ("out2", "out3.tar", "out4"):

@@ -5,18 +5,16 @@ import socket
 
 import pytest
 
+from clirun import one_error_line
 from registry_standin import Standin, fixture_repo
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 def check_one_line(proc, phrase: str, code: int = 1) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert phrase in lines[0], lines[0]
-    return lines[0]
+    line = one_error_line(proc, code)
+    assert phrase in line, line
+    return line
 
 
 def desc(n: int, size: int = 10, media: str = "application/octet-stream") -> dict:

@@ -9,7 +9,7 @@ import pytest
 
 import hostfix
 import shipfix
-from clirun import sparkstack_cmd
+from clirun import one_error_line, sparkstack_cmd
 
 # A "host" whose ssh prints this instead of running the helper: what a compromised or broken host could say.
 HOSTILE = {
@@ -24,7 +24,7 @@ HOSTILE = {
 
 
 @pytest.fixture
-def world(tmp_path):
+def hostile_ship_world(tmp_path):
     head = tmp_path / "head"
     hostfix.write_hub(head / ".cache/huggingface")
     targets = {"w1": {"home": str(tmp_path / "w1")}}
@@ -48,13 +48,6 @@ def ship(w, *args) -> subprocess.CompletedProcess:
     return proc
 
 
-def one_line(proc, code: int) -> str:
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("args", [
     ["-oProxyCommand=touch /tmp/pwned", "--no-image"],
     ["--streams", "0", "w1"],
@@ -64,13 +57,13 @@ def one_line(proc, code: int) -> str:
     ["--model", "models--a--b", "--no-weights", "w1"],
     ["w1", "--via", "fabric", "--no-image"],  # a plain ssh target has no fabric address
 ])
-def test_bad_command_lines_exit_2(world, args):
-    one_line(ship(world, *args), 2)
+def test_bad_command_lines_exit_2(hostile_ship_world, args):
+    one_error_line(ship(hostile_ship_world, *args), 2)
 
 
-def test_an_option_looking_host_never_reaches_ssh(world):
-    ship(world, "--", "-oProxyCommand=touch /tmp/pwned", "--no-image")
-    assert not Path(world["env"]["FAKE_LOG"]).exists()
+def test_an_option_looking_host_never_reaches_ssh(hostile_ship_world):
+    ship(hostile_ship_world, "--", "-oProxyCommand=touch /tmp/pwned", "--no-image")
+    assert not Path(hostile_ship_world["env"]["FAKE_LOG"]).exists()
 
 
 @pytest.mark.parametrize("args, says", [
@@ -81,34 +74,34 @@ def test_an_option_looking_host_never_reaches_ssh(world):
     (["w1", "--no-image", "--model", "models--a--b/../../x"], "not a"),
     (["w1"], "IMAGE (what launch would run) glm53-dflash2-tony:v1"),  # the default image is nowhere here
 ])
-def test_bad_inputs_give_one_line(world, args, says):
-    assert says in one_line(ship(world, *args), 1)
+def test_bad_inputs_give_one_line(hostile_ship_world, args, says):
+    assert says in one_error_line(ship(hostile_ship_world, *args), 1)
 
 
-def test_a_snapshot_file_that_is_no_link_cannot_be_shipped_by_content(world):
-    hub = Path(world["env"]["HOME"]) / ".cache/huggingface/hub" / hostfix.DRAFT_CACHE
+def test_a_snapshot_file_that_is_no_link_cannot_be_shipped_by_content(hostile_ship_world):
+    hub = Path(hostile_ship_world["env"]["HOME"]) / ".cache/huggingface/hub" / hostfix.DRAFT_CACHE
     (snap,) = (hub / "snapshots").iterdir()
     target = (snap / "config.json").resolve()
     (snap / "config.json").unlink()
     (snap / "config.json").write_bytes(target.read_bytes())
-    assert "not a link into" in one_line(ship(world, "w1", "--no-image"), 1)
+    assert "not a link into" in one_error_line(ship(hostile_ship_world, "w1", "--no-image"), 1)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_or_broken_host_answers_give_one_line(world, name):
-    line = one_line(ship(world, name, "--no-image", "--json"), 1)
+def test_hostile_or_broken_host_answers_give_one_line(hostile_ship_world, name):
+    line = one_error_line(ship(hostile_ship_world, name, "--no-image", "--json"), 1)
     assert line.startswith(f"sparkstack: error: {name}: ")
     if name == "error-reply":
         assert line.endswith("disk on fire second line")
 
 
-def test_unknown_host_gives_sshs_own_line(world):
-    line = one_line(ship(world, "nowhere", "--no-image"), 1)
+def test_unknown_host_gives_sshs_own_line(hostile_ship_world):
+    line = one_error_line(ship(hostile_ship_world, "nowhere", "--no-image"), 1)
     assert line == "sparkstack: error: nowhere: ssh: Could not resolve hostname nowhere: Name or service not known"
 
 
-def test_dry_run_json_with_a_failing_host_still_prints_the_plan(world):
-    proc = ship(world, "w1", "silent", "--no-image", "--dry-run", "--json")
-    one_line(proc, 1)
+def test_dry_run_json_with_a_failing_host_still_prints_the_plan(hostile_ship_world):
+    proc = ship(hostile_ship_world, "w1", "silent", "--no-image", "--dry-run", "--json")
+    one_error_line(proc, 1)
     hosts = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
     assert hosts["w1"]["error"] is None and hosts["silent"]["error"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import synth
+from clirun import one_error_line
 
 MIXED = "model-00002-of-00003.safetensors"
 
@@ -88,12 +89,8 @@ CASES = {
 
 
 def _assert_clean_failure(proc, expect: str):
-    assert proc.returncode == 1, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("sparkstack: error: ")
-    assert expect in lines[0]
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert expect in one_error_line(proc)
+    assert proc.stdout == ""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -292,12 +289,7 @@ HOSTILE = {
 
 
 def _assert_one_line_naming(proc, expects: tuple[str, ...]):
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr[-2000:]
-    line = lines[0]
-    assert line.startswith("sparkstack: error: ")
+    line = one_error_line(proc)
     assert len(line) < 1000, f"not a clear line: {len(line)} chars"
     for text in expects:
         assert text.lower() in line.lower(), f"{text!r} not in {line!r}"

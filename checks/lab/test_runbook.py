@@ -81,7 +81,7 @@ class Runbook:
 
 
 @pytest.fixture
-def world(lab, standin_image, tmp_path_factory):
+def runbook_world(lab, standin_image, tmp_path_factory):
     """Stand-ins up, the recipe and the two host roots written, the tools in place on both machines; afterwards
     the pair stopped and the worker left as it was (its mounts, its HOME)."""
     tar, _ = standin_image
@@ -141,18 +141,18 @@ def world(lab, standin_image, tmp_path_factory):
             hub.stop()
 
 
-def test_the_runbook_from_nothing_to_a_verified_measured_pair(world):
-    lab, work, home, book = world["lab"], world["work"], world["home"], world["book"]
+def test_the_runbook_from_nothing_to_a_verified_measured_pair(runbook_world):
+    lab, work, home, book = runbook_world["lab"], runbook_world["work"], runbook_world["home"], runbook_world["book"]
     hf_hub = home / ".cache/huggingface/hub"
     recipe = work / "my-recipe.toml"
-    pinned = {repo: world["hub"].repos[repo].refs["main"] for repo in (MODEL, DRAFTER)}
+    pinned = {repo: runbook_world["hub"].repos[repo].refs["main"] for repo in (MODEL, DRAFTER)}
 
     # fetch: --resolve pins the commits main names now, then exactly those land in the head's cache.
     book.run("fetch --resolve", "fetch", "--resolve", "--recipe", "my-recipe.toml",
-             shown_env={"HF_ENDPOINT": world["hub"].url})
+             shown_env={"HF_ENDPOINT": runbook_world["hub"].url})
     pins = tomllib.loads(recipe.read_text())
     assert (pins["model_revision"], pins["drafter"]["revision"]) == (pinned[MODEL], pinned[DRAFTER])
-    book.run("fetch", "fetch", "--recipe", "my-recipe.toml", shown_env={"HF_ENDPOINT": world["hub"].url})
+    book.run("fetch", "fetch", "--recipe", "my-recipe.toml", shown_env={"HF_ENDPOINT": runbook_world["hub"].url})
     scan = scan_cache_dir(hf_hub)
     assert scan.warnings == []
     assert {r.repo_id: {x.commit_hash for x in r.revisions} for r in scan.repos} == {k: {v} for k, v in pinned.items()}
@@ -173,13 +173,13 @@ def test_the_runbook_from_nothing_to_a_verified_measured_pair(world):
 
     # pin: the base by digest from the registry, and the overlay's file hashes from its source.
     book.run("pin base", "pin", "base", BASE_REF, "--platform", "linux/amd64", "--pins", "pins.json",
-             shown_env={"SPARKSTACK_REGISTRY_MIRROR": world["registry"].url})
-    base = layout_digests(world["fixture"] / "base")
+             shown_env={"SPARKSTACK_REGISTRY_MIRROR": runbook_world["registry"].url})
+    base = layout_digests(runbook_world["fixture"] / "base")
     got = json.loads((work / "pins.json").read_text())["platforms"]["linux/amd64"]
     assert (got["manifest"]["digest"], got["config"]["digest"], [d["digest"] for d in got["layers"]]) == \
         (base["manifest"], base["config"], base["layers"])
     book.run("pin overlay", "pin", "overlay", "--overlay", "overlay", "--overlay-src", "src")
-    engine = world["fixture"] / "src/overlay-dflash2/standin_engine.py"
+    engine = runbook_world["fixture"] / "src/overlay-dflash2/standin_engine.py"
     (install,) = tomllib.loads((work / "overlay/overlay.toml").read_text())["install"]
     assert install["sha256"] == hashlib.sha256(engine.read_bytes()).hexdigest()
 
@@ -201,7 +201,7 @@ def test_the_runbook_from_nothing_to_a_verified_measured_pair(world):
         {MODEL + "-no-MTP": {pinned[MODEL]}, DRAFTER: {pinned[DRAFTER]}}
 
     # tune: each machine's own settings, through its own stand-ins. First make sure that is what runs there.
-    roots = world["roots"]
+    roots = runbook_world["roots"]
     where = lab.ssh("sh", "-c", f"command -v sysctl; command -v nvidia-smi; cat {roots['head']}/machine")
     assert where.stdout.split() == ["/usr/local/sbin/sysctl", "/usr/local/sbin/nvidia-smi", "worker"], where.stdout
     assert shutil.which("sysctl", path=book.env["PATH"]) == str(work / "head-tools/sysctl")

@@ -24,7 +24,7 @@ REV_A, REV_B = "a" * 40, "b" * 40
 
 
 @pytest.fixture(scope="module")
-def world(lab, tmp_path_factory):
+def ship_lab(lab, tmp_path_factory):
     """The lab plus a second worker (with docker) and a bare one (no docker, an 8 MiB HOME)."""
     work = tmp_path_factory.mktemp("ship")
     lab.add_worker("worker2")
@@ -58,12 +58,12 @@ def worker_image_id(host, ref: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def test_image_first_ship_then_a_one_file_rebuild_then_nothing(world):
-    lab, work = world["lab"], world["work"]
+def test_image_first_ship_then_a_one_file_rebuild_then_nothing(ship_lab):
+    lab, work = ship_lab["lab"], ship_lab["work"]
     payload = os.urandom(1 << 20)
-    a = shiplab.build_image(world["base"], work, work / "img-a", payload)
+    a = shiplab.build_image(ship_lab["base"], work, work / "img-a", payload)
     fab0, mgmt0 = veth_bytes(lab.head, FABRIC_IF), veth_bytes(lab.head, MGMT_IF)
-    out = hosts(ship(world, "worker", "--image", work / "img-a", "--no-weights", "--json", check=0))["worker"]
+    out = hosts(ship(ship_lab, "worker", "--image", work / "img-a", "--no-weights", "--json", check=0))["worker"]
     sizes = shiplab.blob_sizes(work / "img-a")
     assert out["via"] == "fabric" and out["error"] is None
     assert out["image"]["blobs_sent"] == len(sizes) and out["image"]["bytes_sent"] == sum(sizes.values())
@@ -78,10 +78,10 @@ def test_image_first_ship_then_a_one_file_rebuild_then_nothing(world):
 
     changed = bytearray(payload)
     changed[12345] ^= 0xFF
-    b = shiplab.build_image(world["base"], work, work / "img-b", bytes(changed))
+    b = shiplab.build_image(ship_lab["base"], work, work / "img-b", bytes(changed))
     new = {d: s for d, s in shiplab.blob_sizes(work / "img-b").items() if d not in sizes}
     assert set(new) == {b["layer_digest"], b["config_digest"], b["manifest_digest"]}
-    out = hosts(ship(world, "worker", "--image", work / "img-b", "--no-weights", "--json", check=0))["worker"]
+    out = hosts(ship(ship_lab, "worker", "--image", work / "img-b", "--no-weights", "--json", check=0))["worker"]
     assert out["image"]["blobs_sent"] == 3 and out["image"]["bytes_sent"] == sum(new.values())
     assert out["image"]["blobs_present"] == 1  # the base layer, and nothing else, was already there
     assert worker_image_id(lab.worker, b["name"]) == b["config_digest"]
@@ -90,15 +90,15 @@ def test_image_first_ship_then_a_one_file_rebuild_then_nothing(world):
     # dockerd loads an archive that leaves out the layer it holds; only the new layer, config, manifest go.
     shutil.rmtree(lab.worker.path("/root/.local"))
     changed[54321] ^= 0xFF
-    b2 = shiplab.build_image(world["base"], work, work / "img-b2", bytes(changed))
-    out = hosts(ship(world, "worker", "--image", work / "img-b2", "--no-weights", "--json", check=0))["worker"]
+    b2 = shiplab.build_image(ship_lab["base"], work, work / "img-b2", bytes(changed))
+    out = hosts(ship(ship_lab, "worker", "--image", work / "img-b2", "--no-weights", "--json", check=0))["worker"]
     assert out["image"]["blobs_sent"] == 3 and out["image"]["blobs_in_docker"] == 1 and out["image"]["loaded"]
     assert worker_image_id(lab.worker, b2["name"]) == b2["config_digest"]
 
-    again = ship(world, "worker", "--image", work / "img-b", "--no-weights", "--json", check=0)
+    again = ship(ship_lab, "worker", "--image", work / "img-b", "--no-weights", "--json", check=0)
     out = hosts(again)["worker"]
     assert out["image"]["already_loaded"] and out["image"]["blobs_sent"] == 0 and out["image"]["bytes_sent"] == 0
-    assert "up to date" in ship(world, "worker", "--image", work / "img-b", "--no-weights", check=0).stdout
+    assert "up to date" in ship(ship_lab, "worker", "--image", work / "img-b", "--no-weights", check=0).stdout
 
 
 def _partials(host, entry: Path) -> list[Path]:
@@ -106,10 +106,10 @@ def _partials(host, entry: Path) -> list[Path]:
     return sorted(blobs.glob(".*.sparkstack-partial")) if blobs.is_dir() else []
 
 
-def test_weights_land_as_a_hub_entry_and_a_corrupted_blob_is_found_and_resent(world):
-    lab = world["lab"]
-    entry = shiplab.write_entry(world["hub"], "lab/small", [3 << 20, 1 << 20], REV_A)
-    out = hosts(ship(world, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]
+def test_weights_land_as_a_hub_entry_and_a_corrupted_blob_is_found_and_resent(ship_lab):
+    lab = ship_lab["lab"]
+    entry = shiplab.write_entry(ship_lab["hub"], "lab/small", [3 << 20, 1 << 20], REV_A)
+    out = hosts(ship(ship_lab, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]
     (part,) = out["weights"]
     blobs = sorted((entry / "blobs").iterdir())
     assert part["blobs_sent"] == len(blobs) and part["bytes_sent"] == sum(b.stat().st_size for b in blobs)
@@ -126,34 +126,34 @@ def test_weights_land_as_a_hub_entry_and_a_corrupted_blob_is_found_and_resent(wo
     with open(theirs, "r+b") as f:
         f.seek(1000)
         f.write(b"\xff" if f.read(1) != b"\xff" else b"\x00")
-    out = hosts(ship(world, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]
+    out = hosts(ship(ship_lab, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]
     (part,) = out["weights"]
     assert part["blobs_sent"] == 1 and part["bytes_sent"] == shard.stat().st_size
     assert hashlib.sha256(theirs.read_bytes()).hexdigest() == shard.name
     # An unchanged entry: nothing goes.
-    (part,) = hosts(ship(world, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]["weights"]
+    (part,) = hosts(ship(ship_lab, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]["weights"]
     assert part["blobs_sent"] == 0 and part["bytes_sent"] == 0 and part["snapshot"] == "up to date"
 
 
-def test_a_corrupted_image_blob_in_the_workers_store_is_resent(world):
-    lab, work = world["lab"], world["work"]
-    c = shiplab.build_image(world["base"], work, work / "img-c", os.urandom(1 << 20))
-    ship(world, "worker", "--image", work / "img-c", "--no-weights", check=0)
+def test_a_corrupted_image_blob_in_the_workers_store_is_resent(ship_lab):
+    lab, work = ship_lab["lab"], ship_lab["work"]
+    c = shiplab.build_image(ship_lab["base"], work, work / "img-c", os.urandom(1 << 20))
+    ship(ship_lab, "worker", "--image", work / "img-c", "--no-weights", check=0)
     lab.worker.docker("rmi", c["name"])
     store_blob = lab.worker.path(f"/root/.local/share/sparkstack/blobs/sha256/{c['layer_digest'].split(':')[1]}")
     store_blob.write_bytes(b"\0" * store_blob.stat().st_size)
-    out = hosts(ship(world, "worker", "--image", work / "img-c", "--no-weights", "--json", check=0))["worker"]
+    out = hosts(ship(ship_lab, "worker", "--image", work / "img-c", "--no-weights", "--json", check=0))["worker"]
     assert out["image"]["blobs_sent"] == 1
     assert out["image"]["bytes_sent"] == shiplab.blob_sizes(work / "img-c")[c["layer_digest"]]
     assert out["image"]["loaded"] and worker_image_id(lab.worker, c["name"]) == c["config_digest"]
 
 
-def test_a_ship_killed_mid_transfer_resumes_without_resending_what_was_verified(world):
-    lab = world["lab"]
-    entry = shiplab.write_entry(world["hub"], "lab/big", [96 << 20, 96 << 20], REV_A)
+def test_a_ship_killed_mid_transfer_resumes_without_resending_what_was_verified(ship_lab):
+    lab = ship_lab["lab"]
+    entry = shiplab.write_entry(ship_lab["hub"], "lab/big", [96 << 20, 96 << 20], REV_A)
     total = sum(b.stat().st_size for b in (entry / "blobs").iterdir())
-    proc = shiplab.ship_popen(lab, world["env"], "worker", "--no-image", "--model", entry.name, "--streams", "1",
-                              "--recipe", world["recipe"], "--ssh-config", lab.ssh_config)
+    proc = shiplab.ship_popen(lab, ship_lab["env"], "worker", "--no-image", "--model", entry.name, "--streams", "1",
+                              "--recipe", ship_lab["recipe"], "--ssh-config", lab.ssh_config)
     deadline = time.monotonic() + 60
     try:
         while True:  # kill it once a blob is partly there
@@ -175,7 +175,7 @@ def test_a_ship_killed_mid_transfer_resumes_without_resending_what_was_verified(
     left = [p for p in _partials(lab.worker, entry)]
     assert left and all(0 < p.stat().st_size < 96 << 20 for p in left)
     prefix = sum(p.stat().st_size for p in left)
-    out = hosts(ship(world, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]
+    out = hosts(ship(ship_lab, "worker", "--no-image", "--model", entry.name, "--json", check=0))["worker"]
     (part,) = out["weights"]
     assert part["bytes_resumed"] == prefix  # the verified prefix was not sent again...
     assert part["bytes_sent"] <= total - prefix  # ...nor was any blob finished before the kill
@@ -187,15 +187,15 @@ def test_a_ship_killed_mid_transfer_resumes_without_resending_what_was_verified(
     assert repo.revisions and not scan_cache_dir(hub).warnings
 
 
-def test_no_docker_a_full_disk_and_a_wrong_host_key_each_give_one_line(world):
-    lab, work = world["lab"], world["work"]
+def test_no_docker_a_full_disk_and_a_wrong_host_key_each_give_one_line(ship_lab):
+    lab, work = ship_lab["lab"], ship_lab["work"]
     if not (work / "img-a").exists():
-        shiplab.build_image(world["base"], work, work / "img-a", os.urandom(1 << 20))
-    proc = ship(world, "bare", "--image", work / "img-a", "--no-weights", check=1)
+        shiplab.build_image(ship_lab["base"], work, work / "img-a", os.urandom(1 << 20))
+    proc = ship(ship_lab, "bare", "--image", work / "img-a", "--no-weights", check=1)
     assert proc.stderr.splitlines() == [
         "sparkstack: error: bare: docker is not installed (no docker on PATH); the image cannot be loaded there"]
-    entry = shiplab.write_entry(world["hub"], "lab/toobig", [12 << 20], REV_B)
-    proc = ship(world, "bare", "--no-image", "--model", entry.name, check=1)
+    entry = shiplab.write_entry(ship_lab["hub"], "lab/toobig", [12 << 20], REV_B)
+    proc = ship(ship_lab, "bare", "--no-image", "--model", entry.name, check=1)
     (line,) = proc.stderr.splitlines()
     assert line.startswith("sparkstack: error: bare: not enough room on /root") and "12.0 MiB must be written" in line
     assert not lab.hosts["bare"].path(f"{shiplab.WORKER_HUB}/{entry.name}").exists()  # nothing was sent
@@ -206,17 +206,17 @@ def test_no_docker_a_full_disk_and_a_wrong_host_key_each_give_one_line(world):
     (work / "wrong_known_hosts").write_text(f"{lab.worker.mgmt_ip} {pub[0]} {pub[1]}\n")
     bad = work / "bad_ssh_config"
     bad.write_text(lab.ssh_config.read_text().replace(str(d / "known_hosts"), str(work / "wrong_known_hosts")))
-    proc = shiplab.ship(lab, world["env"], "worker", "--no-image", "--model", entry.name, "--recipe", world["recipe"],
+    proc = shiplab.ship(lab, ship_lab["env"], "worker", "--no-image", "--model", entry.name, "--recipe", ship_lab["recipe"],
                         "--ssh-config", bad)
     assert proc.returncode == 1 and proc.stderr.splitlines() == [
         "sparkstack: error: worker: Host key verification failed."]
 
 
-def test_two_workers_at_once(world):
-    lab, work = world["lab"], world["work"]
-    d = shiplab.build_image(world["base"], work, work / "img-d", os.urandom(4 << 20))
-    entry = shiplab.write_entry(world["hub"], "lab/pair", [8 << 20, 8 << 20, 2 << 20], REV_A)
-    proc = ship(world, "worker", "worker2", "--image", work / "img-d", "--model", entry.name, "--json", check=0)
+def test_two_workers_at_once(ship_lab):
+    lab, work = ship_lab["lab"], ship_lab["work"]
+    d = shiplab.build_image(ship_lab["base"], work, work / "img-d", os.urandom(4 << 20))
+    entry = shiplab.write_entry(ship_lab["hub"], "lab/pair", [8 << 20, 8 << 20, 2 << 20], REV_A)
+    proc = ship(ship_lab, "worker", "worker2", "--image", work / "img-d", "--model", entry.name, "--json", check=0)
     out = hosts(proc)
     for name in ("worker", "worker2"):
         assert out[name]["error"] is None and out[name]["via"] == "fabric"

@@ -57,7 +57,7 @@ RANK0 = "glm53-tony-rank0"
 
 
 @pytest.fixture(scope="module")
-def world(lab_with_image, tmp_path_factory):
+def sweep_world(lab_with_image, tmp_path_factory):
     """A directory to run in: the lab recipe (the stand-in's settings in its [env]), a host root, the weights; a
     HOME of its own. Afterwards the pair is stopped."""
     lab, image = lab_with_image
@@ -144,8 +144,8 @@ def spec_tokens(args: list[str]) -> int:
     return json.loads(args[args.index("--speculative-config") + 1])["num_speculative_tokens"]
 
 
-def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunch(world):
-    w = world
+def test_sweep_two_knobs_a_failed_boot_a_ctrl_c_its_resume_and_the_final_relaunch(sweep_world):
+    w = sweep_world
     lab, work = w["lab"], w["work"]
     t0 = time.monotonic()
 

@@ -33,7 +33,7 @@ from huggingface_hub import scan_cache_dir
 from lab import FABRIC_IF, in_netns, machine_processes, veth_bytes
 from safetensors.numpy import save_file
 from imagefix import layout_digests
-from test_runbook import BASE_REF, STRIPPED, TUNE_ACTS, world  # noqa: F401 (world: the fixture)
+from test_runbook import BASE_REF, STRIPPED, TUNE_ACTS, runbook_world  # noqa: F401 (runbook_world: the fixture)
 
 import standins
 
@@ -47,19 +47,19 @@ def up_argv(*extra: str) -> list[str]:
             "--worker-delay", "0.5", "--health-interval", "0.3", *extra]
 
 
-def run_up(world, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    lab, book = world["lab"], world["book"]
+def run_up(runbook_world, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    lab, book = runbook_world["lab"], runbook_world["book"]
     proc = subprocess.run(["ip", "netns", "exec", lab.head.netns, *sparkstack_cmd(), *up_argv(*extra)],
-                          cwd=world["work"], env=book.env, capture_output=True, text=True, timeout=timeout)
+                          cwd=runbook_world["work"], env=book.env, capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
 
 
-def transcript(world, label: str, proc: subprocess.CompletedProcess, stdout: bool = True) -> None:
+def transcript(runbook_world, label: str, proc: subprocess.CompletedProcess, stdout: bool = True) -> None:
     """With SPARKSTACK_UP_TRANSCRIPT=FILE, each shown run's command and output (docs/runbook-lab.md shows them)."""
     path = os.environ.get("SPARKSTACK_UP_TRANSCRIPT")
     if path:
-        shown = world["book"].shown
+        shown = runbook_world["book"].shown
         with open(path, "a") as f:
             f.write(f"\n## {label} (exit {proc.returncode})\n$ sparkstack {' '.join(proc.args[proc.args.index('up'):])}\n"
                     f"{shown(proc.stdout) if stdout else '[the --json document]' + chr(10)}{shown(proc.stderr)}")
@@ -73,36 +73,36 @@ def outcomes(doc: dict) -> dict[str, str]:
     return {s["stage"]: s["outcome"] for s in doc["result"]["stages"]}
 
 
-def big_drafter(world) -> str:
+def big_drafter(runbook_world) -> str:
     """A new drafter commit on the hub with a BIG_BLOB shard beside its own files (written by safetensors)."""
-    repo = world["hub"].repos[DRAFTER]
+    repo = runbook_world["hub"].repos[DRAFTER]
     files = dict(repo.commits[repo.refs["main"]])
-    path = world["work"] / "big.safetensors"
+    path = runbook_world["work"] / "big.safetensors"
     save_file({"extra": np.frombuffer(os.urandom(BIG_BLOB), dtype=np.uint8)}, str(path))
     files["extra.safetensors"] = path.read_bytes()
     return repo.commit(files)
 
 
 @pytest.fixture
-def up_world(world):
-    """test_runbook's world, with the hub stand-in moved into the head's namespace (up fetches from there)."""
-    lab = world["lab"]
-    world["hub"].stop()
-    hub = in_netns(lab.head.netns, lambda: HubStandin(world["hub"].repos).start())
-    world["hub"] = hub
-    world["book"].env["HF_ENDPOINT"] = hub.url
+def up_world(runbook_world):
+    """test_runbook's runbook_world, with the hub stand-in moved into the head's namespace (up fetches from there)."""
+    lab = runbook_world["lab"]
+    runbook_world["hub"].stop()
+    hub = in_netns(lab.head.netns, lambda: HubStandin(runbook_world["hub"].repos).start())
+    runbook_world["hub"] = hub
+    runbook_world["book"].env["HF_ENDPOINT"] = hub.url
     try:
-        yield world
+        yield runbook_world
     finally:
         hub.stop()
-        world["hub"] = HubStandin({}).start()  # what test_runbook's teardown stops
+        runbook_world["hub"] = HubStandin({}).start()  # what test_runbook's teardown stops
 
 
 def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_world):
-    world = up_world
-    lab, work, home, book = world["lab"], world["work"], world["home"], world["book"]
+    runbook_world = up_world
+    lab, work, home, book = runbook_world["lab"], runbook_world["work"], runbook_world["home"], runbook_world["book"]
     hf_hub = home / ".cache/huggingface/hub"
-    drafter_commit = big_drafter(world)
+    drafter_commit = big_drafter(runbook_world)
     # What up never does itself: the recipe's commits and the overlay's hashes are pinned in the checkout first.
     book.run("fetch --resolve", "fetch", "--resolve", "--recipe", "my-recipe.toml", on_head=True)
     book.run("pin overlay", "pin", "overlay", "--overlay", "overlay", "--overlay-src", "src")
@@ -113,7 +113,7 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     shipped = Path(__file__).resolve().parents[2] / "nix/pins.json"  # as the checkout ships it: nothing resolved
     assert json.loads(shipped.read_text())["platforms"] == {}
     (work / "pins.json").write_text(shipped.read_text())
-    proc = run_up(world, "--dry-run", "--json")
+    proc = run_up(runbook_world, "--dry-run", "--json")
     assert_planned(proc)
     plan = json.loads(proc.stdout)
     assert states(plan) == {"fetch": "will run", "strip": "will run", "build": "blocked", "ship": "blocked",
@@ -123,9 +123,9 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     assert build["unblock"] == f"sparkstack pin base {BASE_REF} --platform linux/amd64 --pins {work}/pins.json"
     assert not hf_hub.exists() and not (work / "image").exists()  # a dry run wrote nothing
     book.run("pin base (the unblock command)", *build["unblock"].split()[1:],
-             shown_env={"SPARKSTACK_REGISTRY_MIRROR": world["registry"].url})
-    transcript(world, "up --dry-run (a fresh lab, the base pinned)", run_up(world, "--dry-run"))
-    proc = run_up(world, "--dry-run", "--json")
+             shown_env={"SPARKSTACK_REGISTRY_MIRROR": runbook_world["registry"].url})
+    transcript(runbook_world, "up --dry-run (a fresh lab, the base pinned)", run_up(runbook_world, "--dry-run"))
+    proc = run_up(runbook_world, "--dry-run", "--json")
     plan = json.loads(proc.stdout)
     assert states(plan) == {"fetch": "will run", "strip": "will run", "build": "will run", "ship": "will run",
                             "tune": "will run", "launch": "will run", "verify": "will run"}, plan
@@ -137,10 +137,10 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     free = os.statvfs(lab.worker.home_mount)
     subprocess.run(["fallocate", "-l", str(free.f_bavail * free.f_frsize - (4 << 20)), str(filler)], check=True)
     try:
-        proc = run_up(world, "--yes", "--json")
+        proc = run_up(runbook_world, "--yes", "--json")
     finally:
         filler.unlink()
-    transcript(world, "up --yes --json (the worker's disk full)", proc, stdout=False)
+    transcript(runbook_world, "up --yes --json (the worker's disk full)", proc, stdout=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("sparkstack: error:")]
     assert len(errors) == 1 and "up: ship " in errors[0] and "not enough room" in errors[0], proc.stderr
@@ -175,7 +175,7 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, ssh included
     out, err = proc.communicate(timeout=60)
-    transcript(world, "up --yes (Ctrl-C while ship is inside the big blob)",
+    transcript(runbook_world, "up --yes (Ctrl-C while ship is inside the big blob)",
                subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err
@@ -192,8 +192,8 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
 
     # 4. Resumed (as a person runs it: no --json; the record holds the same document): the earlier stages up to
     # date, ship from the cut blob's verified prefix, then the rest.
-    proc = run_up(world, "--yes")
-    transcript(world, "up --yes (resumed after the Ctrl-C)", proc)
+    proc = run_up(runbook_world, "--yes")
+    transcript(runbook_world, "up --yes (resumed after the Ctrl-C)", proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     done = {"result": json.loads((home / ".local/state/sparkstack/up/last.json").read_text())}
     assert outcomes(done) == {"fetch": "up to date", "strip": "up to date", "build": "up to date", "ship": "done",
@@ -210,7 +210,7 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     assert scan.warnings == []
     assert {r.repo_id: {x.commit_hash for x in r.revisions} for r in scan.repos} == \
         {MODEL + "-no-MTP": {recipe["model_revision"]}, DRAFTER: {drafter_commit}}
-    for machine, root in world["roots"].items():
+    for machine, root in runbook_world["roots"].items():
         acts = [r for r in standins.recorded(work / f"{machine}-record.jsonl") if "--query-gpu" not in " ".join(r)]
         assert acts == TUNE_ACTS, (machine, acts)
         assert (root / "proc/sys/vm/swappiness").read_text() == "0\n"
@@ -229,11 +229,11 @@ def test_up_from_nothing_through_a_full_disk_and_a_ctrl_c_to_a_verified_pair(up_
     assert [s["outcome"] for s in json.loads(status.stdout)["last_up"]["stages"]][-1] == "done"
 
     # 5. Once more: all up to date, and the fabric carries only ship's probe (no blob, no image).
-    transcript(world, "up --dry-run (the finished lab)", run_up(world, "--dry-run"))
-    proc = run_up(world, "--dry-run", "--json")
+    transcript(runbook_world, "up --dry-run (the finished lab)", run_up(runbook_world, "--dry-run"))
+    proc = run_up(runbook_world, "--dry-run", "--json")
     assert set(states(json.loads(proc.stdout)).values()) == {"up to date"}, proc.stdout
     fab1 = veth_bytes(lab.head, FABRIC_IF)
-    proc = run_up(world, "--yes")
+    proc = run_up(runbook_world, "--yes")
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" in proc.stdout, proc.stdout
     assert veth_bytes(lab.head, FABRIC_IF) - fab1 < 64 << 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 CHECKS = Path(__file__).resolve().parents[1]
@@ -36,3 +37,30 @@ def test_the_rule_sees_an_import_of_a_test_module(tmp_path):
     probe = tmp_path / "support.py"
     probe.write_text("def f():\n    from test_runbook import world\n    import test_boot_lab\n")
     assert {"test_runbook", "test_boot_lab"} <= imported_modules(probe)
+
+
+def fixtures() -> dict[str, list[str]]:
+    """Every pytest fixture under checks/, by name -> the files that define one by that name."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(CHECKS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    "fixture" in ast.unparse(d) for d in node.decorator_list):
+                found.setdefault(node.name, []).append(str(path.relative_to(CHECKS)))
+    return found
+
+
+def test_no_fixture_is_just_world_and_the_shared_worlds_are_defined_once():
+    """A world is named for what it holds (README's table); the shared ones live in conftest.py alone."""
+    found = fixtures()
+    assert "world" not in found, found.get("world")
+    for shared in ("hub_world", "image_world", "run_cli"):
+        assert found.get(shared) == ["conftest.py"], (shared, found.get(shared))
+
+
+def test_the_fixtures_checks_readme_names_exist():
+    readme = (CHECKS / "README.md").read_text()
+    table = readme.split("## Fixtures and helpers", 1)[1]
+    named = {n for line in table.splitlines() if line.startswith("| `") for n in
+             re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert named and named <= set(fixtures()), sorted(named - set(fixtures()))

@@ -205,8 +205,7 @@ def test_cli_maps_options_and_renders_nothing_itself():
     assert beyond == []
 
 
-@pytest.mark.parametrize("module", ["strip", "image", "oci", "patch", "fetch", "launch", "tune", "ship", "verify",
-                                    "soak", "top", "bench", "up"])
+@pytest.mark.parametrize("module", sorted(p.parent.name for p in (ROOT / "python/sparkstack").glob("*/command.py")))
 def test_every_request_is_frozen_and_keyword_only(module):
     import importlib
 

@@ -105,7 +105,7 @@ def test_every_command_takes_dry_run(path):
 
 
 @pytest.fixture
-def world(tmp_path):
+def all_commands_world(tmp_path):
     w = {"tmp": tmp_path}
     bin_dir = tmp_path / "bin"
     standins.install(bin_dir)
@@ -240,63 +240,109 @@ CASES = [(path, i) for path, (arg_lists, _) in sorted(INVOCATIONS.items()) for i
 
 
 @pytest.mark.parametrize("path,case", CASES, ids=[" ".join(p) + f"#{i}" for p, i in CASES])
-def test_dry_run_acts_on_nothing_and_the_real_run_acts(world, path, case):
+def test_dry_run_acts_on_nothing_and_the_real_run_acts(all_commands_world, path, case):
     arg_lists, read_only = INVOCATIONS[path]
-    args = expand(arg_lists[case], world)
-    before = snapshot(world)
-    proc = run(world, path, args + ["--dry-run"])
+    args = expand(arg_lists[case], all_commands_world)
+    before = snapshot(all_commands_world)
+    proc = run(all_commands_world, path, args + ["--dry-run"])
     assert proc.returncode in (0, 1), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    acts = [c for c in recorded(world) if not is_read_only(c)]
+    acts = [c for c in recorded(all_commands_world) if not is_read_only(c)]
     assert acts == [], f"--dry-run acted: {acts}"
-    assert world["engine"].requests_seen == [], "--dry-run sent requests to the API server"
-    after = snapshot(world)
+    assert all_commands_world["engine"].requests_seen == [], "--dry-run sent requests to the API server"
+    after = snapshot(all_commands_world)
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     assert changed == [], f"--dry-run changed files: {changed[:5]}"
 
     # The same command for real: the recorder or the snapshot must see it act (unless it only ever reads).
-    world["log"].unlink(missing_ok=True)
-    proc = run(world, path, args)
+    all_commands_world["log"].unlink(missing_ok=True)
+    proc = run(all_commands_world, path, args)
     assert "Traceback" not in proc.stderr, proc.stderr
-    acts = [c for c in recorded(world) if not is_read_only(c)]
-    real_after = snapshot(world)
+    acts = [c for c in recorded(all_commands_world) if not is_read_only(c)]
+    real_after = snapshot(all_commands_world)
     changed = sorted(k for k in set(after) | set(real_after) if after.get(k) != real_after.get(k))
-    sent = world["engine"].c["requests"]
+    sent = all_commands_world["engine"].c["requests"]
     if read_only:  # it may fill its cache, but acts on nothing else
-        cache = str(world["tmp"] / "cache")
+        cache = str(all_commands_world["tmp"] / "cache")
         assert acts == [] and [c for c in changed if not c.startswith(cache)] == [], (acts, changed[:5])
     else:
         assert acts or changed or sent, f"{' '.join(path)} without --dry-run did nothing visible: {proc.stderr}"
 
 
-def test_recorder_sees_each_rank_drop_caches_and_stop(world):
+def test_recorder_sees_each_rank_drop_caches_and_stop(all_commands_world):
     """The acts a real `launch all --drop-caches` and `launch stop` make, rank by rank (one rank over ssh)."""
-    run(world, ("launch",), ["all", "--drop-caches", *expand(["{launch}"], world)])
-    calls = recorded(world)
+    run(all_commands_world, ("launch",), ["all", "--drop-caches", *expand(["{launch}"], all_commands_world)])
+    calls = recorded(all_commands_world)
     drops = [c for c in calls if c[:3] == ["sysctl", "-w", "vm.drop_caches=3"]]
     ssh_drops = [c for c in calls if c[0] == "ssh" and shlex.split(c[-1]) == ["sudo", "-n", "sysctl", "-w", "vm.drop_caches=3"]]
     assert len(drops) == 2 and len(ssh_drops) == 1, calls  # head locally, the worker through ssh (not root there: sudo -n)
     # The gates' throwaway containers come first (preflight, `--rm`); the ranks' own start detached.
     first_run = next(i for i, c in enumerate(calls) if "run" in c and "-d" in c and c[0] == "docker")
     assert max(calls.index(d) for d in drops) < first_run  # caches dropped before any rank's container starts
-    world["log"].unlink()
-    run(world, ("launch",), ["stop", *expand(["{launch}"], world)])
-    rms = [c for c in recorded(world) if c[0] == "docker" and "rm" in c]
+    all_commands_world["log"].unlink()
+    run(all_commands_world, ("launch",), ["stop", *expand(["{launch}"], all_commands_world)])
+    rms = [c for c in recorded(all_commands_world) if c[0] == "docker" and "rm" in c]
     assert [c[-1] for c in rms] == ["glm53-tony-rank0", "glm53-tony-rank1"]
 
 
-def test_stop_never_removes_a_container_it_did_not_start(world):
+def test_stop_never_removes_a_container_it_did_not_start(all_commands_world):
     """NAME=postgres: a container by that name exists on every rank, but without launch's rank label."""
-    proc = run(world, ("launch",), ["stop", *expand(["{launch}"], world)], env={"NAME": "postgres"})
+    proc = run(all_commands_world, ("launch",), ["stop", *expand(["{launch}"], all_commands_world)], env={"NAME": "postgres"})
     assert proc.returncode == 1 and "sparkstack did not start it" in proc.stderr and len(proc.stderr.splitlines()) == 1
-    assert [c for c in recorded(world) if "rm" in c] == []
+    assert [c for c in recorded(all_commands_world) if "rm" in c] == []
 
 
 @pytest.mark.parametrize("label", ["[[]]", "[1]", "null", '"abc"', "[[\"\"]]", "{}"])
-def test_a_hostile_gates_label_is_refused_not_run(world, label):
-    proc = run(world, ("launch",), ["0", "--gates", *expand(["{launch}"], world)], env={"STANDIN_GATES_LABEL": label})
+def test_a_hostile_gates_label_is_refused_not_run(all_commands_world, label):
+    proc = run(all_commands_world, ("launch",), ["0", "--gates", *expand(["{launch}"], all_commands_world)], env={"STANDIN_GATES_LABEL": label})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "is not a list of argv lists" in proc.stdout + proc.stderr
     # Nothing the label names runs; the vLLM argv gate (preflight's own script, not the label's) may.
     from sparkstack.launch.preflight import ARGV_GATE
-    assert [c for c in recorded(world) if c[0] == "docker" and "run" in c and ARGV_GATE not in c] == []
+    assert [c for c in recorded(all_commands_world) if c[0] == "docker" and "run" in c and ARGV_GATE not in c] == []
+
+
+# The plans that ask no host anything: they read local files, the hub's or a registry's HTTP API, or nothing, and
+# start no process (not even a read-only one). The others ask read-only and say so in ARCHITECTURE.md: launch reads
+# the head's nvidia-smi (and, with --probe, each rank's docker over ssh), tune each rank's facts, ship what each
+# host has, image load the engine's version and images, and up and sweep plan launch (up with --probe).
+PLANS_RUN_NO_PROCESS = [
+    ("bench",), ("compare",), ("fetch",), ("image", "build"), ("image", "pull"), ("image", "verify"),
+    ("patch", "check"), ("pin", "base"), ("pin", "fetch"), ("pin", "overlay"), ("plan", "kv"), ("soak",),
+    ("strip",), ("top",), ("verify",),
+]
+NO_PROCESS_CASES = [(path, i) for path, i in CASES if path in PLANS_RUN_NO_PROCESS] + [(("launch",), 3)]  # stop
+
+
+def dry_run_in_process(w: dict, path: tuple[str, ...], args: list[str], monkeypatch) -> list[list[str]]:
+    """The command's --dry-run through the click group in this process; returns every process it started
+    (Popen's one way in, so subprocess.run, plumbum and remote.Runner are all seen)."""
+    from click.testing import CliRunner
+
+    started = []
+    real = subprocess.Popen._execute_child
+
+    def recording(self, argv, *rest, **kw):
+        started.append([argv] if isinstance(argv, (str, bytes)) else [str(a) for a in argv])
+        return real(self, argv, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", recording)
+    monkeypatch.chdir(w["work"])
+    result = CliRunner().invoke(main, [*path, *args, "--dry-run"], env=w["env"], catch_exceptions=False)
+    assert result.exit_code in (0, 1), result.output
+    return started
+
+
+@pytest.mark.parametrize("path,case", NO_PROCESS_CASES, ids=[" ".join(p) + f"#{i}" for p, i in NO_PROCESS_CASES])
+def test_these_plans_run_no_process(all_commands_world, path, case, monkeypatch):
+    args = expand(INVOCATIONS[path][0][case], all_commands_world)
+    assert dry_run_in_process(all_commands_world, path, args, monkeypatch) == []
+
+
+def test_the_process_recorder_sees_a_probing_plan(all_commands_world, monkeypatch):
+    """`launch 0 --probe --dry-run` asks the ranks' docker over ssh: the recorder must see it, or the test above
+    proves nothing."""
+    args = expand(INVOCATIONS[("launch",)][0][4], all_commands_world)
+    assert "--probe" in args
+    started = dry_run_in_process(all_commands_world, ("launch",), args, monkeypatch)
+    assert any(Path(c[0]).name == "ssh" for c in started), started

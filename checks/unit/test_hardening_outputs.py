@@ -8,19 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import assert_planned
+from clirun import assert_planned, one_error_line
 
 import imagefix as fx
 import synth
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def one_error_line(proc) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: ") and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -31,16 +24,6 @@ def tree(root: Path) -> dict[str, bytes]:
 def model(tmp_path):
     synth.write_model_dir(tmp_path / "flat")
     return synth.cache_from_dir(tmp_path / "flat", tmp_path / "hub", repo_id="org/model")
-
-
-@pytest.fixture
-def world(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    base = tmp_path / "base"
-    fx.write_base(base)
-    src = fx.write_overlay_source(tmp_path / "src")
-    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
-    return {"base": base, "src": src, "overlay": overlay}
 
 
 def image_build(run_cli, w, out, *extra, env=None):
@@ -73,47 +56,47 @@ def test_strip_refuses_a_regular_file_as_out(run_cli, model, tmp_path):
     assert out.read_text() == "precious\n"
 
 
-def test_image_build_refuses_a_foreign_out_dir_and_keeps_it(run_cli, world, tmp_path):
+def test_image_build_refuses_a_foreign_out_dir_and_keeps_it(run_cli, image_world, tmp_path):
     out = tmp_path / "mine"
     before = foreign_dir(out)
-    line = one_error_line(image_build(run_cli, world, out))
+    line = one_error_line(image_build(run_cli, image_world, out))
     assert "not written by sparkstack" in line
     assert tree(out) == before
 
 
-def test_image_build_refuses_a_foreign_tar_and_a_dir_named_tar(run_cli, world, tmp_path):
+def test_image_build_refuses_a_foreign_tar_and_a_dir_named_tar(run_cli, image_world, tmp_path):
     tar = tmp_path / "backup.tar"
-    subprocess.run(["tar", "-cf", tar, "-C", world["src"], "."], check=True)
+    subprocess.run(["tar", "-cf", tar, "-C", image_world["src"], "."], check=True)
     before = tar.read_bytes()
-    line = one_error_line(image_build(run_cli, world, tar))
+    line = one_error_line(image_build(run_cli, image_world, tar))
     assert "not an archive sparkstack wrote" in line
     assert tar.read_bytes() == before
     odd = tmp_path / "odd.tar"
     foreign_dir(odd)
-    one_error_line(image_build(run_cli, world, odd))
+    one_error_line(image_build(run_cli, image_world, odd))
 
 
-def test_one_command_does_not_replace_another_commands_output(run_cli, world, model, tmp_path):
+def test_one_command_does_not_replace_another_commands_output(run_cli, image_world, model, tmp_path):
     out = tmp_path / "image"
-    assert image_build(run_cli, world, out).returncode == 0
+    assert image_build(run_cli, image_world, out).returncode == 0
     before = tree(out)
     line = one_error_line(run_cli("strip", model, "--out", out))
     assert "sparkstack image build" in line
     assert tree(out) == before
 
 
-def test_previous_outputs_are_replaced_and_marked(run_cli, world, model, tmp_path):
+def test_previous_outputs_are_replaced_and_marked(run_cli, image_world, model, tmp_path):
     out = tmp_path / "image"
-    first = json.loads(image_build(run_cli, world, out).stdout)["result"]
-    (world["src"] / "overlay-dflash2/dflash2/speculator.py").write_text("class DFlash2Speculator:\n    width = 9\n")
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", world["src"], "--repin", check=0)
-    second = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    first = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
+    (image_world["src"] / "overlay-dflash2/dflash2/speculator.py").write_text("class DFlash2Speculator:\n    width = 9\n")
+    run_cli("pin", "overlay", "--overlay", image_world["overlay"], "--overlay-src", image_world["src"], "--repin", check=0)
+    second = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
     assert second["config_digest"] != first["config_digest"] and not second["up_to_date"]
     marker = json.loads((out / ".sparkstack/output.json").read_text())
     assert marker["written_by"] == "sparkstack image build"
     tar = tmp_path / "image.tar"
-    assert image_build(run_cli, world, tar).returncode == 0
-    assert image_build(run_cli, world, tar, "--variant", "plain").returncode == 0  # our own archive: replaceable
+    assert image_build(run_cli, image_world, tar).returncode == 0
+    assert image_build(run_cli, image_world, tar, "--variant", "plain").returncode == 0  # our own archive: replaceable
     stripped = tmp_path / "stripped"
     run_cli("strip", model, "--out", stripped, check=0)
     assert json.loads((stripped / ".sparkstack/output.json").read_text())["written_by"] == "sparkstack strip"
@@ -146,27 +129,27 @@ def test_strip_sees_a_shard_rewritten_in_place(run_cli, model, tmp_path):
     assert "up to date" not in run_cli("strip", model, "--out", out, check=0).stdout
 
 
-def test_image_build_up_to_date_only_when_the_output_is_complete(run_cli, world, tmp_path):
+def test_image_build_up_to_date_only_when_the_output_is_complete(run_cli, image_world, tmp_path):
     out = tmp_path / "image"
-    first = json.loads(image_build(run_cli, world, out).stdout)["result"]
-    plan = json.loads(run_cli("image", "build", "--base", world["base"], "--overlay", world["overlay"],
-                              "--overlay-src", world["src"], "--out", out, "--dry-run", "--json", check=0).stdout)
+    first = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
+    plan = json.loads(run_cli("image", "build", "--base", image_world["base"], "--overlay", image_world["overlay"],
+                              "--overlay-src", image_world["src"], "--out", out, "--dry-run", "--json", check=0).stdout)
     assert plan["up_to_date"] is True
-    again = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    again = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
     assert again["up_to_date"] and again["config_digest"] == first["config_digest"]
     # A missing base blob in the output: not up to date; the rebuild restores it.
     layer = first["layer_digest"].split(":")[1]
     base_layer = next(p for p in (out / "blobs/sha256").iterdir() if p.name != layer and p.stat().st_size > 10_000)
     base_layer.unlink()
-    rebuilt = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    rebuilt = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
     assert not rebuilt["up_to_date"] and base_layer.exists()
     run_cli("image", "verify", out, check=0)
 
 
 @pytest.mark.parametrize("change", ["epoch", "step", "script"])
-def test_image_build_fingerprint_covers_the_whole_plan(run_cli, world, tmp_path, change):
+def test_image_build_fingerprint_covers_the_whole_plan(run_cli, image_world, tmp_path, change):
     out = tmp_path / "image"
-    image_build(run_cli, world, out)
+    image_build(run_cli, image_world, out)
     env, extra = None, []
     if change == "epoch":
         env = {"SOURCE_DATE_EPOCH": "1700000000"}
@@ -176,12 +159,12 @@ def test_image_build_fingerprint_covers_the_whole_plan(run_cli, world, tmp_path,
     elif change == "script":
         # an unpinned overlay lets a script change without overlay.toml changing
         overlay = fx.write_overlay(tmp_path / "unpinned")
-        world = dict(world, overlay=overlay)
-        image_build(run_cli, world, out, "--allow-unpinned")
-        script = world["src"] / "overlay-dflash2" / "patch_glm5_drafter_group.py"
+        image_world = dict(image_world, overlay=overlay)
+        image_build(run_cli, image_world, out, "--allow-unpinned")
+        script = image_world["src"] / "overlay-dflash2" / "patch_glm5_drafter_group.py"
         script.write_text(script.read_text() + "\n# harmless edit\n")
         extra = ["--allow-unpinned"]
-    proc = image_build(run_cli, world, out, *extra, env=env)
+    proc = image_build(run_cli, image_world, out, *extra, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["result"]["up_to_date"] is False
 
@@ -189,7 +172,7 @@ def test_image_build_fingerprint_covers_the_whole_plan(run_cli, world, tmp_path,
 # ---------------------------------------------------------------- 5. shipped data, from anywhere
 
 
-def test_launch_and_image_build_find_shipped_data_from_any_directory(run_cli, world, tmp_path):
+def test_launch_and_image_build_find_shipped_data_from_any_directory(run_cli, image_world, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = dict(os.environ, SPARKSTACK_RECIPES="")
@@ -197,8 +180,8 @@ def test_launch_and_image_build_find_shipped_data_from_any_directory(run_cli, wo
                           cwd=elsewhere, capture_output=True, text=True, env=env)
     assert_planned(proc)
     assert json.loads(proc.stdout)["recipe"] == "glm53-flash-dflash2-nvfp4"
-    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(world["base"]),
-                           "--overlay-src", str(world["src"]), "--allow-unpinned", "--out", str(tmp_path / "img"),
+    proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(image_world["base"]),
+                           "--overlay-src", str(image_world["src"]), "--allow-unpinned", "--out", str(tmp_path / "img"),
                            "--dry-run", "--json"], cwd=elsewhere, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["overlay"]["source"].startswith("tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark@")
@@ -317,7 +300,7 @@ def test_a_fifo_at_refs_main_is_refused_not_waited_on(run_cli, model, tmp_path):
     assert "not a regular file" in one_error_line(proc)
 
 
-def test_a_killed_tar_build_leaves_nothing_that_the_next_run_keeps(world, tmp_path):
+def test_a_killed_tar_build_leaves_nothing_that_the_next_run_keeps(image_world, tmp_path):
     """kill -9 while the archive is being written: the partial lives in a pid-named staging dir beside --out,
     and the next run removes it (the real base would leave 20 GB per kill otherwise)."""
     import signal
@@ -327,7 +310,7 @@ def test_a_killed_tar_build_leaves_nothing_that_the_next_run_keeps(world, tmp_pa
     fx.write_base(big, layers=fx.default_layers(filler_bytes=96 << 20))
     out = tmp_path / "k.tar"
     argv = [sys.executable, "-m", "sparkstack.cli", "image", "build", "--base", str(big), "--overlay",
-            str(world["overlay"]), "--overlay-src", str(world["src"]), "--out", str(out)]
+            str(image_world["overlay"]), "--overlay-src", str(image_world["src"]), "--out", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(tmp_path.glob(".sparkstack-k.tar-*/image.tar")):
@@ -340,39 +323,39 @@ def test_a_killed_tar_build_leaves_nothing_that_the_next_run_keeps(world, tmp_pa
     assert out.is_file() and list(tmp_path.glob(".sparkstack-*")) == []
 
 
-def test_a_corrupt_layer_cache_object_costs_a_reread_not_the_build(run_cli, world, tmp_path):
-    first = json.loads(image_build(run_cli, world, tmp_path / "a").stdout)["result"]
+def test_a_corrupt_layer_cache_object_costs_a_reread_not_the_build(run_cli, image_world, tmp_path):
+    first = json.loads(image_build(run_cli, image_world, tmp_path / "a").stdout)["result"]
     objects = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.parent.name == "objects"]
     assert objects
     for obj in objects:
         obj.write_bytes(b"garbage")
-    proc = image_build(run_cli, world, tmp_path / "b")
+    proc = image_build(run_cli, image_world, tmp_path / "b")
     assert proc.returncode == 0, proc.stderr
     second = json.loads(proc.stdout)["result"]
     assert second["config_digest"] == first["config_digest"] and second["cache"]["layer_bytes_read"] > 0
 
 
-def test_out_may_not_be_the_working_directory_nor_the_base(run_cli, world, model, tmp_path):
+def test_out_may_not_be_the_working_directory_nor_the_base(run_cli, image_world, model, tmp_path):
     here = tmp_path / "empty-cwd"
     here.mkdir()
     for argv in (["strip", str(model), "--out", "."],
-                 ["image", "build", "--base", str(world["base"]), "--overlay", str(world["overlay"]),
-                  "--overlay-src", str(world["src"]), "--out", "."]):
+                 ["image", "build", "--base", str(image_world["base"]), "--overlay", str(image_world["overlay"]),
+                  "--overlay-src", str(image_world["src"]), "--out", "."]):
         proc = subprocess.run([sys.executable, "-m", "sparkstack.cli", *argv], cwd=here, capture_output=True, text=True)
         assert "working directory" in one_error_line(proc)
         assert here.is_dir()
-    before = tree(world["base"])
-    line = one_error_line(image_build(run_cli, world, world["base"]))
-    assert "overlap the base" in line and tree(world["base"]) == before
+    before = tree(image_world["base"])
+    line = one_error_line(image_build(run_cli, image_world, image_world["base"]))
+    assert "overlap the base" in line and tree(image_world["base"]) == before
 
 
-def test_image_build_is_not_up_to_date_over_a_layer_rewritten_in_place(run_cli, world, tmp_path):
+def test_image_build_is_not_up_to_date_over_a_layer_rewritten_in_place(run_cli, image_world, tmp_path):
     out = tmp_path / "image"
-    first = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    first = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
     layer = out / "blobs/sha256" / first["layer_digest"].split(":")[1]
     data = bytearray(layer.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, same name
     layer.write_bytes(bytes(data))
-    again = json.loads(image_build(run_cli, world, out).stdout)["result"]
+    again = json.loads(image_build(run_cli, image_world, out).stdout)["result"]
     assert again["up_to_date"] is False
     run_cli("image", "verify", out, check=0)

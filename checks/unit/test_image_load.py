@@ -95,20 +95,17 @@ sys.exit(code)
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch):
+def fake_engine_world(image_world):
+    """image_world, and a fake docker, podman and ssh first on PATH that load what they are streamed."""
+    tmp_path = image_world["tmp"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("docker", "podman", "ssh"):
         (bin_dir / name).write_text(FAKE_ENGINE.replace("{python}", sys.executable))
         (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    base = tmp_path / "base"
-    digests = fx.write_base(base)
-    src = fx.write_overlay_source(tmp_path / "src")
-    overlay = fx.write_overlay(tmp_path / "overlay", pinned_from=src / "overlay-dflash2")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_STATE": str(tmp_path / "engine.json"),
            "FAKE_LOG": str(tmp_path / "engine.log")}
-    return {"tmp": tmp_path, "base": base, "digests": digests, "src": src, "overlay": overlay, "env": env}
+    return {**image_world, "env": env}
 
 
 def calls(w) -> list[dict]:
@@ -126,99 +123,99 @@ def load(run_cli, w, path, *extra, check=None):
     return run_cli("image", "load", path, *extra, env=w["env"], check=check)
 
 
-def test_load_streams_a_docker_archive_through_a_pipe_then_is_up_to_date(world, run_cli):
-    r = build(run_cli, world, world["tmp"] / "img")
-    out = load(run_cli, world, world["tmp"] / "img", "--json", check=0)
+def test_load_streams_a_docker_archive_through_a_pipe_then_is_up_to_date(fake_engine_world, run_cli):
+    r = build(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
+    out = load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", "--json", check=0)
     doc = json.loads(out.stdout)
     assert doc["result"]["image_id"] == r["config_digest"] and doc["plan"]["action"] == "load"
-    (loaded,) = [c for c in calls(world) if c["argv"][1:2] == ["load"]]
+    (loaded,) = [c for c in calls(fake_engine_world) if c["argv"][1:2] == ["load"]]
     assert loaded["stdin_is_pipe"] is True  # no archive on disk: the engine read a pipe
     assert loaded["order"][0] == "manifest.json"
     hexes = lambda ds: [f"blobs/sha256/{d.split(':')[1]}" for d in ds]  # noqa: E731
-    manifest = json.loads((world["tmp"] / "img/blobs/sha256" / r["manifest_digest"].split(":")[1]).read_text())
+    manifest = json.loads((fake_engine_world["tmp"] / "img/blobs/sha256" / r["manifest_digest"].split(":")[1]).read_text())
     assert loaded["manifest"] == [{"Config": hexes([r["config_digest"]])[0], "RepoTags": [r["name"]],
                                    "Layers": hexes(l["digest"] for l in manifest["layers"])}]
-    Path(world["env"]["FAKE_LOG"]).unlink()
-    again = load(run_cli, world, world["tmp"] / "img", check=0)
+    Path(fake_engine_world["env"]["FAKE_LOG"]).unlink()
+    again = load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", check=0)
     assert again.stdout.startswith("up to date")
-    assert [c for c in calls(world) if c["argv"][1] not in ("version", "image")] == []  # only read-only questions
+    assert [c for c in calls(fake_engine_world) if c["argv"][1] not in ("version", "image")] == []  # only read-only questions
 
 
-def test_an_engine_holding_the_id_under_another_name_only_gets_a_tag(world, run_cli):
-    r = build(run_cli, world, world["tmp"] / "img")
-    load(run_cli, world, world["tmp"] / "img", check=0)
-    state = json.loads(Path(world["env"]["FAKE_STATE"]).read_text())
+def test_an_engine_holding_the_id_under_another_name_only_gets_a_tag(fake_engine_world, run_cli):
+    r = build(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
+    load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", check=0)
+    state = json.loads(Path(fake_engine_world["env"]["FAKE_STATE"]).read_text())
     state["names"] = {}
-    Path(world["env"]["FAKE_STATE"]).write_text(json.dumps(state))
-    Path(world["env"]["FAKE_LOG"]).unlink()
-    proc = load(run_cli, world, world["tmp"] / "img", check=0)
+    Path(fake_engine_world["env"]["FAKE_STATE"]).write_text(json.dumps(state))
+    Path(fake_engine_world["env"]["FAKE_LOG"]).unlink()
+    proc = load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", check=0)
     assert proc.stdout.startswith("tagged")
-    assert [c["argv"] for c in calls(world) if c["argv"][1] == "tag"] == [["docker", "tag", r["config_digest"], r["name"]]]
-    assert not [c for c in calls(world) if c["argv"][1] == "load"]
+    assert [c["argv"] for c in calls(fake_engine_world) if c["argv"][1] == "tag"] == [["docker", "tag", r["config_digest"], r["name"]]]
+    assert not [c for c in calls(fake_engine_world) if c["argv"][1] == "load"]
 
 
-def test_a_corrupt_blob_aborts_the_load_and_nothing_is_loaded(world, run_cli):
-    build(run_cli, world, world["tmp"] / "img")
-    layer = world["digests"]["layers"][0]
-    blob = world["tmp"] / "img/blobs/sha256" / layer.split(":")[1]
+def test_a_corrupt_blob_aborts_the_load_and_nothing_is_loaded(fake_engine_world, run_cli):
+    build(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
+    layer = fake_engine_world["digests"]["layers"][0]
+    blob = fake_engine_world["tmp"] / "img/blobs/sha256" / layer.split(":")[1]
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.unlink()  # a hardlink of the base's blob: replace it, do not edit the base through it
     blob.write_bytes(bytes(data))
-    proc = load(run_cli, world, world["tmp"] / "img")
+    proc = load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
     assert proc.returncode == 1 and layer in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    state = Path(world["env"]["FAKE_STATE"])
+    state = Path(fake_engine_world["env"]["FAKE_STATE"])
     assert not state.exists() or json.loads(state.read_text())["ids"] == []
 
 
-def test_a_foreign_layout_with_symlinked_blobs_loads_untagged(world, run_cli):
-    layout = world["tmp"] / "linked"
+def test_a_foreign_layout_with_symlinked_blobs_loads_untagged(fake_engine_world, run_cli):
+    layout = fake_engine_world["tmp"] / "linked"
     (layout / "blobs/sha256").mkdir(parents=True)
-    for p in (world["base"] / "blobs/sha256").iterdir():
+    for p in (fake_engine_world["base"] / "blobs/sha256").iterdir():
         (layout / "blobs/sha256" / p.name).symlink_to(p)
     for name in ("index.json", "oci-layout"):
-        shutil.copy(world["base"] / name, layout / name)
-    proc = load(run_cli, world, layout, "--json", check=0)
+        shutil.copy(fake_engine_world["base"] / name, layout / name)
+    proc = load(run_cli, fake_engine_world, layout, "--json", check=0)
     doc = json.loads(proc.stdout)
-    assert doc["plan"]["name"] is None and doc["result"]["image_id"] == world["digests"]["config"]
-    (loaded,) = [c for c in calls(world) if c["argv"][1:2] == ["load"]]
+    assert doc["plan"]["name"] is None and doc["result"]["image_id"] == fake_engine_world["digests"]["config"]
+    (loaded,) = [c for c in calls(fake_engine_world) if c["argv"][1:2] == ["load"]]
     assert loaded["manifest"][0]["RepoTags"] == []
 
 
-def test_load_on_a_rank_crosses_ssh_stdin_with_the_command_joined_safely(world, run_cli):
-    r = build(run_cli, world, world["tmp"] / "img")
+def test_load_on_a_rank_crosses_ssh_stdin_with_the_command_joined_safely(fake_engine_world, run_cli):
+    r = build(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
     sock = "unix:///run/odd dir/docker.sock"  # a space: only shlex.join keeps it one word
-    load(run_cli, world, world["tmp"] / "img", "--host", "rank1", "--docker-host", sock, check=0)
-    (ssh,) = [c for c in calls(world) if c["argv"][0] == "ssh" and "load" in c["argv"][-1]]
+    load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", "--host", "rank1", "--docker-host", sock, check=0)
+    (ssh,) = [c for c in calls(fake_engine_world) if c["argv"][0] == "ssh" and "load" in c["argv"][-1]]
     assert ssh["argv"][1:5] == ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
     assert ssh["argv"][-1] == f"docker -H '{sock}' load"
-    (loaded,) = [c for c in calls(world) if c["argv"][:1] == ["docker"] and c["argv"][-1] == "load"]
+    (loaded,) = [c for c in calls(fake_engine_world) if c["argv"][:1] == ["docker"] and c["argv"][-1] == "load"]
     assert loaded["host"] == sock and loaded["stdin_is_pipe"]
-    assert json.loads(Path(world["env"]["FAKE_STATE"]).read_text())["names"][r["name"]] == r["config_digest"]
+    assert json.loads(Path(fake_engine_world["env"]["FAKE_STATE"]).read_text())["names"][r["name"]] == r["config_digest"]
 
 
-def test_podman_engine(world, run_cli):
-    r = build(run_cli, world, world["tmp"] / "img")
-    proc = load(run_cli, world, world["tmp"] / "img", "--engine", "podman", "--json", check=0)
+def test_podman_engine(fake_engine_world, run_cli):
+    r = build(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
+    proc = load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", "--engine", "podman", "--json", check=0)
     assert json.loads(proc.stdout)["result"]["image_id"] == r["config_digest"]  # podman's bare hex, normalised
-    assert [c["argv"][:2] for c in calls(world) if c["argv"][1:2] == ["load"]] == [["podman", "load"]]
-    bad = load(run_cli, world, world["tmp"] / "img", "--engine", "podman", "--docker-host", "unix:///x")
+    assert [c["argv"][:2] for c in calls(fake_engine_world) if c["argv"][1:2] == ["load"]] == [["podman", "load"]]
+    bad = load(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img", "--engine", "podman", "--docker-host", "unix:///x")
     assert bad.returncode == 2
 
 
-def test_an_engine_that_answers_with_another_id_fails_the_check(world, run_cli, tmp_path):
+def test_an_engine_that_answers_with_another_id_fails_the_check(fake_engine_world, run_cli, tmp_path):
     """The fake loads faithfully; this one claims a different ID afterwards: the load must not pass."""
-    build(run_cli, world, world["tmp"] / "img")
+    build(run_cli, fake_engine_world, fake_engine_world["tmp"] / "img")
     liar = tmp_path / "liar"
     liar.mkdir()
     (liar / "docker").write_text(f"#!/bin/sh\ncase \"$*\" in *inspect*) echo sha256:{'ab' * 32};; "
                                  "*load*) cat >/dev/null;; *) echo 20.10;; esac\n")
     (liar / "docker").chmod(0o755)
-    proc = run_cli("image", "load", world["tmp"] / "img", env={**world["env"], "PATH": f"{liar}:{os.environ['PATH']}"})
+    proc = run_cli("image", "load", fake_engine_world["tmp"] / "img", env={**fake_engine_world["env"], "PATH": f"{liar}:{os.environ['PATH']}"})
     assert proc.returncode == 1 and "not the config digest" in proc.stderr
 
 
-def test_the_stream_is_a_docker_archive_skopeo_reads(world, tmp_path):
+def test_the_stream_is_a_docker_archive_skopeo_reads(fake_engine_world, tmp_path):
     """skopeo (an independent reader) takes the stream as a docker-archive with the same config and diff_ids."""
     skopeo = shutil.which("skopeo")
     if skopeo is None:
@@ -226,7 +223,7 @@ def test_the_stream_is_a_docker_archive_skopeo_reads(world, tmp_path):
     from sparkstack.oci.load import write_docker_archive
     from sparkstack.oci.source import open_image
 
-    src, image = open_image(world["base"], "linux/arm64")
+    src, image = open_image(fake_engine_world["base"], "linux/arm64")
     archive = tmp_path / "stream.tar"  # only the test keeps the stream as a file, to hand it to skopeo
     with open(archive, "wb") as f:
         write_docker_archive(f, src, image, "fixture/base:1")
@@ -234,14 +231,14 @@ def test_the_stream_is_a_docker_archive_skopeo_reads(world, tmp_path):
     proc = subprocess.run([skopeo, "inspect", "--config", f"docker-archive:{archive}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     config = json.loads(proc.stdout)
-    want = json.loads((world["base"] / "blobs/sha256" / world["digests"]["config"].split(":")[1]).read_text())
+    want = json.loads((fake_engine_world["base"] / "blobs/sha256" / fake_engine_world["digests"]["config"].split(":")[1]).read_text())
     assert config["rootfs"]["diff_ids"] == want["rootfs"]["diff_ids"]
     # dir: keeps the source's bytes (an oci: copy would re-serialise the config to convert it).
     proc = subprocess.run([skopeo, "copy", f"docker-archive:{archive}", f"dir:{tmp_path / 'copied'}"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     copied = json.loads((tmp_path / "copied/manifest.json").read_text())
-    assert copied["config"]["digest"] == world["digests"]["config"]
+    assert copied["config"]["digest"] == fake_engine_world["digests"]["config"]
     # skopeo hands docker-archive layers over uncompressed: their digests are the diff_ids.
     assert [l["digest"] for l in copied["layers"]] == want["rootfs"]["diff_ids"]
 
@@ -249,17 +246,17 @@ def test_the_stream_is_a_docker_archive_skopeo_reads(world, tmp_path):
 # ---------------------------------------------------------------- --link-base
 
 
-def test_symlinked_output_links_to_the_base_and_passes_verify_and_umoci(world, run_cli, tmp_path):
+def test_symlinked_output_links_to_the_base_and_passes_verify_and_umoci(fake_engine_world, run_cli, tmp_path):
     umoci = shutil.which("umoci") or pytest.fail("umoci is required")
     # The base's blobs are themselves symlinks (as Nix hands them over): links must reach the real files.
     store = tmp_path / "store"
     store.mkdir()
-    for p in (world["base"] / "blobs/sha256").iterdir():
+    for p in (fake_engine_world["base"] / "blobs/sha256").iterdir():
         shutil.move(p, store / p.name)
         p.symlink_to(store / p.name)
-    r = build(run_cli, world, tmp_path / "out", "--link-base", "symlink")
+    r = build(run_cli, fake_engine_world, tmp_path / "out", "--link-base", "symlink")
     blobs = tmp_path / "out/blobs/sha256"
-    for layer in world["digests"]["layers"]:
+    for layer in fake_engine_world["digests"]["layers"]:
         link = blobs / layer.split(":")[1]
         assert link.is_symlink() and os.readlink(link) == str(store / layer.split(":")[1])
     own = [blobs / d.split(":")[1] for d in (r["config_digest"], r["manifest_digest"], r["layer_digest"])]
@@ -272,16 +269,16 @@ def test_symlinked_output_links_to_the_base_and_passes_verify_and_umoci(world, r
     assert (tmp_path / "bundle/rootfs" / fx.VLLM / "model_executor/models/qwen3_dflash2.py").is_file()
 
 
-def test_link_base_is_part_of_the_fingerprint(world, run_cli, tmp_path):
+def test_link_base_is_part_of_the_fingerprint(fake_engine_world, run_cli, tmp_path):
     out = tmp_path / "out"
-    a = build(run_cli, world, out)
+    a = build(run_cli, fake_engine_world, out)
     assert not any(p.is_symlink() for p in (out / "blobs/sha256").iterdir())
-    assert build(run_cli, world, out)["up_to_date"] is True
-    b = build(run_cli, world, out, "--link-base", "symlink")
+    assert build(run_cli, fake_engine_world, out)["up_to_date"] is True
+    b = build(run_cli, fake_engine_world, out, "--link-base", "symlink")
     assert b["up_to_date"] is False  # switching the link kind rebuilds
     assert b["config_digest"] == a["config_digest"]  # ... the same image
     assert any(p.is_symlink() for p in (out / "blobs/sha256").iterdir())
-    assert build(run_cli, world, out, "--link-base", "symlink")["up_to_date"] is True
-    dry = run_cli("image", "build", "--base", world["base"], "--overlay", world["overlay"], "--overlay-src", world["src"],
+    assert build(run_cli, fake_engine_world, out, "--link-base", "symlink")["up_to_date"] is True
+    dry = run_cli("image", "build", "--base", fake_engine_world["base"], "--overlay", fake_engine_world["overlay"], "--overlay-src", fake_engine_world["src"],
                   "--out", out, "--dry-run", "--json", check=0)
     assert json.loads(dry.stdout)["link_base"] == "hardlink" and json.loads(dry.stdout)["up_to_date"] is False

@@ -23,19 +23,12 @@ from pathlib import Path
 import pytest
 
 import imagefix as fx
-from clirun import need
+from clirun import need, one_error_line
 from registry_standin import Standin, fixture_repo
 
 REF = "localhost:5000/sparkstack-test/base:pull"  # the name the pins carry; every request goes to a mirror
 FILLER = 3 << 20
 CUT_AT = 1_500_000  # more than one of the client's 1 MiB reads, less than the filler layer
-
-
-def one_error_line(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 class DockerRegistry:

@@ -18,7 +18,7 @@ OTHER = "f" * 40
 
 
 @pytest.fixture
-def world(tmp_path):
+def two_homes(tmp_path):
     head_home, worker_home = tmp_path / "head", tmp_path / "worker"
     hostfix.write_hub(head_home / "hf")
     worker_home.mkdir()
@@ -44,9 +44,9 @@ def checks_of(doc, rank=None):
     return {c["check"]: c for c in doc["preflight"] if c["rank"] == rank or (rank is None and c["rank"] in (None, 0))}
 
 
-def test_the_pinned_snapshot_is_served_and_a_moved_refs_main_is_a_warning(world):
-    recipe = recipe_copy(world["tmp"] / "pinned.toml", PIN, PIN)
-    doc = launch(world, recipe)
+def test_the_pinned_snapshot_is_served_and_a_moved_refs_main_is_a_warning(two_homes):
+    recipe = recipe_copy(two_homes["tmp"] / "pinned.toml", PIN, PIN)
+    doc = launch(two_homes, recipe)
     argv = doc["docker_run"]
     assert f"/root/.cache/huggingface/hub/{hostfix.MODEL_CACHE}/snapshots/{PIN}" in argv
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
@@ -55,9 +55,9 @@ def test_the_pinned_snapshot_is_served_and_a_moved_refs_main_is_a_warning(world)
     assert checks["model-revision"]["status"] == checks["drafter-revision"]["status"] == "pass"
     # A newer download moves refs/main of both entries: the argv stays on the pin, preflight says so.
     for cache in (hostfix.MODEL_CACHE, hostfix.DRAFT_CACHE):
-        shutil.copytree(world["hub"] / cache / "snapshots" / PIN, world["hub"] / cache / "snapshots" / OTHER, symlinks=True)
-        (world["hub"] / cache / "refs/main").write_text(OTHER)
-    doc = launch(world, recipe)
+        shutil.copytree(two_homes["hub"] / cache / "snapshots" / PIN, two_homes["hub"] / cache / "snapshots" / OTHER, symlinks=True)
+        (two_homes["hub"] / cache / "refs/main").write_text(OTHER)
+    doc = launch(two_homes, recipe)
     assert f"/root/.cache/huggingface/hub/{hostfix.MODEL_CACHE}/snapshots/{PIN}" in doc["docker_run"]
     assert doc["model_revision"] == doc["drafter_revision"] == PIN
     checks = checks_of(doc)
@@ -66,12 +66,12 @@ def test_the_pinned_snapshot_is_served_and_a_moved_refs_main_is_a_warning(world)
         assert f"serving the pinned {PIN[:12]}, but refs/main names {OTHER[:12]}" in checks[f"{label}-revision"]["detail"]
     assert [c for c in doc["preflight"] if c["status"] == "fail"] == []
     # Unpinned, the same cache serves refs/main, as before.
-    doc = launch(world, recipe_copy(world["tmp"] / "unpinned.toml"))
+    doc = launch(two_homes, recipe_copy(two_homes["tmp"] / "unpinned.toml"))
     assert doc["model_revision"] == OTHER and "model-revision" not in checks_of(doc)
 
 
-def test_a_pinned_snapshot_the_head_lacks_fails_even_when_refs_main_is_complete(world):
-    doc = launch(world, recipe_copy(world["tmp"] / "pinned.toml", OTHER, PIN))
+def test_a_pinned_snapshot_the_head_lacks_fails_even_when_refs_main_is_complete(two_homes):
+    doc = launch(two_homes, recipe_copy(two_homes["tmp"] / "pinned.toml", OTHER, PIN))
     checks = checks_of(doc)
     assert checks["model-snapshot"]["status"] == "fail" and f"snapshots/{OTHER} does not exist" in checks["model-snapshot"]["detail"]
     assert checks["drafter-snapshot"]["status"] == "pass"
@@ -97,25 +97,25 @@ WORKER = {
 
 
 @pytest.mark.parametrize("case", sorted(WORKER))
-def test_the_workers_snapshot_is_checked_there_over_ssh(world, case):
+def test_the_workers_snapshot_is_checked_there_over_ssh(two_homes, case):
     make, label, detail = WORKER[case]
-    make(world)
-    doc = launch(world, recipe_copy(world["tmp"] / "pinned.toml", PIN, PIN), "--probe")
+    make(two_homes)
+    doc = launch(two_homes, recipe_copy(two_homes["tmp"] / "pinned.toml", PIN, PIN), "--probe")
     worker = checks_of(doc, rank=1)
     assert worker[f"{label}-snapshot"]["status"] == "fail", worker
     assert detail in worker[f"{label}-snapshot"]["detail"] and "run `sparkstack ship spark-worker`" in worker[f"{label}-snapshot"]["detail"]
     assert checks_of(doc)["model-snapshot"]["status"] == "pass"  # the head's own copy is whole
     # The check ran on the worker (through ssh), with python3 alone, and acted on nothing there.
-    sent = [c for c in standins.recorded(world["log"]) if c[0] == "ssh"]
+    sent = [c for c in standins.recorded(two_homes["log"]) if c[0] == "ssh"]
     assert any("python3 -c" in c[-1] and f"'~/hf/hub' {hostfix.MODEL_CACHE} {PIN}" in c[-1] for c in sent), sent
 
 
-def test_a_whole_worker_snapshot_passes(world):
-    shutil.copytree(world["hub"], world["worker_hub"], symlinks=True)
-    before = synth.tree_digest(world["worker_hub"])
-    doc = launch(world, recipe_copy(world["tmp"] / "pinned.toml", PIN, PIN), "--probe")
+def test_a_whole_worker_snapshot_passes(two_homes):
+    shutil.copytree(two_homes["hub"], two_homes["worker_hub"], symlinks=True)
+    before = synth.tree_digest(two_homes["worker_hub"])
+    doc = launch(two_homes, recipe_copy(two_homes["tmp"] / "pinned.toml", PIN, PIN), "--probe")
     worker = checks_of(doc, rank=1)
     assert worker["model-snapshot"]["status"] == worker["drafter-snapshot"]["status"] == "pass"
-    index = json.loads((world["hub"] / hostfix.MODEL_CACHE / "snapshots" / PIN / "model.safetensors.index.json").read_text())
+    index = json.loads((two_homes["hub"] / hostfix.MODEL_CACHE / "snapshots" / PIN / "model.safetensors.index.json").read_text())
     assert f"{len(set(index['weight_map'].values()))} shards complete" in worker["model-snapshot"]["detail"]
-    assert synth.tree_digest(world["worker_hub"]) == before
+    assert synth.tree_digest(two_homes["worker_hub"]) == before

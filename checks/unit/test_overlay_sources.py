@@ -15,6 +15,7 @@ import imagefix as fx
 from sparkstack.errors import SparkstackError
 from sparkstack.patch import source
 from sparkstack.patch.overlay import load_overlay
+from clirun import one_error_line
 
 REPO = Path(__file__).parents[2]
 BLOG_BUNDLE_SHA = "2d5931db561d58c22bb8dca60a1a45e41905e1e4d11d7cafd44cd950ef41eb94"
@@ -50,7 +51,7 @@ def pin_bundle_hash(overlay_dir: Path, bundle_sha: str) -> None:
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch):
+def unpinned_overlay(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKSTACK_CACHE_DIR", str(tmp_path / "cache"))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -67,107 +68,101 @@ def build(run_cli, w, src, out, check=0):
     return json.loads(proc.stdout)["result"] if check == 0 else proc
 
 
-def one_error_line(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("given", ["root", "files"])
-def test_blog_working_dir_pins_and_builds_without_allow_unpinned(world, run_cli, given):
-    work = blog_dir(world["tmp"])
+def test_blog_working_dir_pins_and_builds_without_allow_unpinned(unpinned_overlay, run_cli, given):
+    work = blog_dir(unpinned_overlay["tmp"])
     src = work if given == "root" else work / "files"
-    proc = run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", src, check=0)
+    proc = run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", src, check=0)
     # Each file's sha256, as sha256sum prints it, computed here from the files themselves.
     for p in sorted((work / "files/overlay-dflash2").rglob("*.py")):
         rel = p.relative_to(work / "files/overlay-dflash2").as_posix()
         assert f"{sha(p.read_bytes())}  {rel}" in proc.stdout.splitlines()
     assert DISABLED_SCRIPT not in proc.stdout
-    assert load_overlay(world["overlay"]).unpinned == ()
-    result = build(run_cli, world, src, world["tmp"] / "out")
+    assert load_overlay(unpinned_overlay["overlay"]).unpinned == ()
+    result = build(run_cli, unpinned_overlay, src, unpinned_overlay["tmp"] / "out")
     assert result["manifest_digest"].startswith("sha256:")
-    assert list(world["scratch"].iterdir()) == []
+    assert list(unpinned_overlay["scratch"].iterdir()) == []
 
 
-def test_checkout_layout_still_resolves(world, run_cli):
-    checkout = fx.write_overlay_source(world["tmp"] / "checkout")
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", checkout, check=0)
-    assert load_overlay(world["overlay"]).unpinned == ()
+def test_checkout_layout_still_resolves(unpinned_overlay, run_cli):
+    checkout = fx.write_overlay_source(unpinned_overlay["tmp"] / "checkout")
+    run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", checkout, check=0)
+    assert load_overlay(unpinned_overlay["overlay"]).unpinned == ()
     # The checkout also has the disabled step's script: it is pinned too.
-    assert load_overlay(world["overlay"]).steps[3].script.sha256 == sha(fx.FIXTURE_SCRIPTS[DISABLED_SCRIPT].encode())
+    assert load_overlay(unpinned_overlay["overlay"]).steps[3].script.sha256 == sha(fx.FIXTURE_SCRIPTS[DISABLED_SCRIPT].encode())
 
 
-def test_a_checkout_at_another_rev_than_overlay_toml_says_so(world, run_cli):
+def test_a_checkout_at_another_rev_than_overlay_toml_says_so(unpinned_overlay, run_cli):
     """The docs tell users to check out overlay.toml's rev; a checkout at another commit is named (its files, which
     the hashes judge, are still what is pinned)."""
     import subprocess
 
-    checkout = fx.write_overlay_source(world["tmp"] / "checkout")
+    checkout = fx.write_overlay_source(unpinned_overlay["tmp"] / "checkout")
     git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(git[:3] + ["init", "-q"], check=True)
     subprocess.run(git + ["add", "-A"], check=True)
     subprocess.run(git + ["commit", "-q", "-m", "fixture"], check=True)
     head = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    rev = load_overlay(world["overlay"]).rev
-    proc = run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", checkout, "--dry-run", check=0)
+    rev = load_overlay(unpinned_overlay["overlay"]).rev
+    proc = run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", checkout, "--dry-run", check=0)
     (note,) = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
     assert f"git checkout at {head[:12]}, not overlay.toml's rev {rev[:12]}" in note and f"checkout {rev}" in note
-    doc = json.loads(run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", checkout, "--dry-run",
+    doc = json.loads(run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", checkout, "--dry-run",
                              "--json", check=0).stdout)
     assert len(doc["notes"]) == 1
-    plain = fx.write_overlay_source(world["tmp"] / "plain")  # no .git: nothing to say
-    assert "note:" not in run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", plain,
+    plain = fx.write_overlay_source(unpinned_overlay["tmp"] / "plain")  # no .git: nothing to say
+    assert "note:" not in run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", plain,
                                   "--dry-run", check=0).stdout
 
 
-def test_real_overlay_copy_pins_a_blog_dir_and_refuses_its_bundle_by_hash(world, run_cli):
-    overlay = world["tmp"] / "real-overlay"
+def test_real_overlay_copy_pins_a_blog_dir_and_refuses_its_bundle_by_hash(unpinned_overlay, run_cli):
+    overlay = unpinned_overlay["tmp"] / "real-overlay"
     shutil.copytree(REPO / "overlays/dflash2", overlay)
     real = load_overlay(overlay)
     assert real.bundle_sha256 == BLOG_BUNDLE_SHA
     stand_in = {f.path: f"# stand-in for {f.path}\n" for f in source.source_files(real, real.steps)}
-    work = blog_dir(world["tmp"], stand_in)
+    work = blog_dir(unpinned_overlay["tmp"], stand_in)
     run_cli("pin", "overlay", "--overlay", overlay, "--overlay-src", work, check=0)
     pinned = load_overlay(overlay)
     assert pinned.unpinned == ()
     assert pinned.installs[0].file.sha256 == sha(stand_in[pinned.installs[0].file.path].encode())
     before = (overlay / "overlay.toml").read_bytes()
 
-    bundle = fx.make_bundle(work, world["tmp"] / "glm5.3-flash-spark.tar.gz", "tar.gz", True)
-    for argv in (("pin", "overlay", "--overlay", overlay), ("image", "build", "--base", world["base"], "--overlay",
-                                                             overlay, "--out", world["tmp"] / "out")):
+    bundle = fx.make_bundle(work, unpinned_overlay["tmp"] / "glm5.3-flash-spark.tar.gz", "tar.gz", True)
+    for argv in (("pin", "overlay", "--overlay", overlay), ("image", "build", "--base", unpinned_overlay["base"], "--overlay",
+                                                             overlay, "--out", unpinned_overlay["tmp"] / "out")):
         line = one_error_line(run_cli(*argv, "--overlay-src", bundle))
         assert sha(bundle.read_bytes()) in line and BLOG_BUNDLE_SHA in line
         assert (overlay / "overlay.toml").read_bytes() == before
-        assert not (world["tmp"] / "out").exists() and list(world["scratch"].iterdir()) == []
+        assert not (unpinned_overlay["tmp"] / "out").exists() and list(unpinned_overlay["scratch"].iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", ["tar", "tar.gz", "zip"])
 @pytest.mark.parametrize("top", [True, False], ids=["top-dir", "flat"])
-def test_pinned_test_bundle_builds_the_same_image_as_its_dir(world, run_cli, kind, top):
-    work = blog_dir(world["tmp"])
-    bundle = fx.make_bundle(work, world["tmp"] / f"bundle.{kind}", kind, top)
-    pin_bundle_hash(world["overlay"], sha(bundle.read_bytes()))
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", bundle, check=0)
-    assert load_overlay(world["overlay"]).unpinned == ()
-    from_dir = build(run_cli, world, work, world["tmp"] / "from-dir")
-    from_bundle = build(run_cli, world, bundle, world["tmp"] / "from-bundle")
+def test_pinned_test_bundle_builds_the_same_image_as_its_dir(unpinned_overlay, run_cli, kind, top):
+    work = blog_dir(unpinned_overlay["tmp"])
+    bundle = fx.make_bundle(work, unpinned_overlay["tmp"] / f"bundle.{kind}", kind, top)
+    pin_bundle_hash(unpinned_overlay["overlay"], sha(bundle.read_bytes()))
+    run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", bundle, check=0)
+    assert load_overlay(unpinned_overlay["overlay"]).unpinned == ()
+    from_dir = build(run_cli, unpinned_overlay, work, unpinned_overlay["tmp"] / "from-dir")
+    from_bundle = build(run_cli, unpinned_overlay, bundle, unpinned_overlay["tmp"] / "from-bundle")
     assert from_bundle["manifest_digest"] == from_dir["manifest_digest"]
-    assert (world["tmp"] / "from-bundle/index.json").read_bytes() == (world["tmp"] / "from-dir/index.json").read_bytes()
-    assert list(world["scratch"].iterdir()) == []
+    assert (unpinned_overlay["tmp"] / "from-bundle/index.json").read_bytes() == (unpinned_overlay["tmp"] / "from-dir/index.json").read_bytes()
+    assert list(unpinned_overlay["scratch"].iterdir()) == []
 
 
-def test_differing_files_are_all_listed_with_both_hashes(world, run_cli):
-    work = blog_dir(world["tmp"])
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", work, check=0)
+def test_differing_files_are_all_listed_with_both_hashes(unpinned_overlay, run_cli):
+    work = blog_dir(unpinned_overlay["tmp"])
+    run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", work, check=0)
     d = work / "files/overlay-dflash2"
     old = {n: sha((d / n).read_bytes()) for n in ("qwen3_dflash2.py", "patch_glm_aux_capture.py")}
     for n in old:
         (d / n).write_text("# changed\n")
-    line = one_error_line(build(run_cli, world, work, world["tmp"] / "out", check=None))
+    line = one_error_line(build(run_cli, unpinned_overlay, work, unpinned_overlay["tmp"] / "out", check=None))
     for n, pinned in old.items():
         assert f"{n}: sha256 {sha(b'# changed' + bytes([10]))} does not match the pinned {pinned}" in line
-    assert "speculator.py" not in line and not (world["tmp"] / "out").exists()
+    assert "speculator.py" not in line and not (unpinned_overlay["tmp"] / "out").exists()
 
 
 def tar_with(members: list[tarfile.TarInfo], data: dict[str, bytes] = {}) -> bytes:
@@ -209,49 +204,49 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_bundles_are_refused_and_leave_nothing(world, run_cli, name):
-    bundle = world["tmp"] / f"hostile-{name}"
+def test_hostile_bundles_are_refused_and_leave_nothing(unpinned_overlay, run_cli, name):
+    bundle = unpinned_overlay["tmp"] / f"hostile-{name}"
     bundle.write_bytes(HOSTILE[name])
-    pin_bundle_hash(world["overlay"], sha(HOSTILE[name]))  # the hash matches: the content is what is refused
-    before = (world["overlay"] / "overlay.toml").read_bytes()
-    line = one_error_line(run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", bundle))
+    pin_bundle_hash(unpinned_overlay["overlay"], sha(HOSTILE[name]))  # the hash matches: the content is what is refused
+    before = (unpinned_overlay["overlay"] / "overlay.toml").read_bytes()
+    line = one_error_line(run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", bundle))
     assert str(bundle) in line and "sha256" not in line
-    assert (world["overlay"] / "overlay.toml").read_bytes() == before
-    assert list(world["scratch"].iterdir()) == []
-    assert not (world["tmp"] / "evil.py").exists()
+    assert (unpinned_overlay["overlay"] / "overlay.toml").read_bytes() == before
+    assert list(unpinned_overlay["scratch"].iterdir()) == []
+    assert not (unpinned_overlay["tmp"] / "evil.py").exists()
 
 
-def test_a_bomb_is_bounded_by_what_it_unpacks(world, monkeypatch):
+def test_a_bomb_is_bounded_by_what_it_unpacks(unpinned_overlay, monkeypatch):
     monkeypatch.setattr(source, "MAX_BUNDLE_BYTES", 1 << 20)
     data = b"\0" * (4 << 20)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.addfile(_info("big.py", size=len(data)), io.BytesIO(data))
-    bundle = world["tmp"] / "bomb.tar.gz"
+    bundle = unpinned_overlay["tmp"] / "bomb.tar.gz"
     bundle.write_bytes(buf.getvalue())
     assert bundle.stat().st_size < (1 << 20)
-    pin_bundle_hash(world["overlay"], sha(bundle.read_bytes()))
+    pin_bundle_hash(unpinned_overlay["overlay"], sha(bundle.read_bytes()))
     with pytest.raises(SparkstackError, match="unpacks to more than 1048576 bytes"):
-        with source.opened_source(load_overlay(world["overlay"]), bundle):
+        with source.opened_source(load_overlay(unpinned_overlay["overlay"]), bundle):
             pass
-    assert list(world["scratch"].iterdir()) == []
+    assert list(unpinned_overlay["scratch"].iterdir()) == []
 
 
-def test_a_dir_holding_two_layouts_that_differ_is_refused_naming_both(world, run_cli):
+def test_a_dir_holding_two_layouts_that_differ_is_refused_naming_both(unpinned_overlay, run_cli):
     """A checkout with the blog's files/ tree copied in: which of the two is pinned is the user's to say."""
-    mixed = fx.write_overlay_source(world["tmp"] / "mixed")  # the checkout's layout
-    blog = blog_dir(world["tmp"] / "blog")
+    mixed = fx.write_overlay_source(unpinned_overlay["tmp"] / "mixed")  # the checkout's layout
+    blog = blog_dir(unpinned_overlay["tmp"] / "blog")
     shutil.copytree(blog / "files", mixed / "files")  # the same files: one answer, no question
-    run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", mixed, "--dry-run", check=0)
+    run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", mixed, "--dry-run", check=0)
     name = next(p for p in fx.OVERLAY_FILES if p.endswith(".py"))
     (mixed / "files/overlay-dflash2" / name).write_text("# edited in the copy\n")
-    line = one_error_line(run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", mixed))
+    line = one_error_line(run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", mixed))
     assert "holds the overlay's files in 2 layouts" in line and f"differ ({name}" in line, line
     assert str(mixed / "overlay-dflash2") in line and str(mixed / "files/overlay-dflash2") in line
 
 
-def test_a_dir_with_no_overlay_layout_names_the_missing_file(world, run_cli):
-    empty = world["tmp"] / "empty"
+def test_a_dir_with_no_overlay_layout_names_the_missing_file(unpinned_overlay, run_cli):
+    empty = unpinned_overlay["tmp"] / "empty"
     empty.mkdir()
-    line = one_error_line(run_cli("pin", "overlay", "--overlay", world["overlay"], "--overlay-src", empty))
+    line = one_error_line(run_cli("pin", "overlay", "--overlay", unpinned_overlay["overlay"], "--overlay-src", empty))
     assert "qwen3_dflash2.py is missing" in line

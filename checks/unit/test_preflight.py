@@ -19,7 +19,7 @@ from hostfix import DRAFT_CACHE, FIB_TRIE, HCA, MODEL_CACHE, NIC, ROUTE, TCP_HEA
 
 
 @pytest.fixture
-def world(tmp_path):
+def host_and_hub(tmp_path):
     standins.install(tmp_path / "bin")  # nvidia-smi among them: its answers come from STANDIN_GPU_* (standins.py)
     return write_host(tmp_path / "root"), write_hub(tmp_path / "hf")
 
@@ -29,15 +29,15 @@ def standin_env(root: Path) -> dict:
     return {"PATH": f"{root.parent / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(root.parent / "calls.jsonl")}
 
 
-def preflight(run_cli, world, *extra, env=None):
-    root, home = world
+def preflight(run_cli, host_and_hub, *extra, env=None):
+    root, home = host_and_hub
     proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, *extra,
                    env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root), **(env or {})}, check=PLANNED)
     return {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
 
 
-def test_healthy_host_passes_everything(run_cli, world):
-    checks = preflight(run_cli, world)
+def test_healthy_host_passes_everything(run_cli, host_and_hub):
+    checks = preflight(run_cli, host_and_hub)
     statuses = {name: c["status"] for name, c in checks.items()}
     assert statuses == {"recipe": "pass", "nic": "pass", "hca": "pass", "fabric-ip": "pass", "master-addr": "pass",
                         "ports": "pass",
@@ -48,28 +48,28 @@ def test_healthy_host_passes_everything(run_cli, world):
                         "api-key": "pass", "image": "skip"}
 
 
-def test_master_addr_must_be_an_address_of_rank_0s_host(run_cli, world):
+def test_master_addr_must_be_an_address_of_rank_0s_host(run_cli, host_and_hub):
     """The workers meet rank 0 at MASTER_ADDR: another interface of the head will do, an address it lacks will not."""
-    root, _ = world
-    check = preflight(run_cli, world, env={"MASTER_ADDR": "192.168.7.1"})["master-addr"]
+    root, _ = host_and_hub
+    check = preflight(run_cli, host_and_hub, env={"MASTER_ADDR": "192.168.7.1"})["master-addr"]
     assert check["status"] == "fail" and "MASTER_ADDR 192.168.7.1 is not an address of this host" in check["detail"]
     assert "set MASTER_ADDR=10.0.0.1" in check["detail"]
     (root / "proc/net/fib_trie").write_text(FIB_TRIE.replace("  +-- 127.0.0.0/8", "  +-- 192.168.7.0/24 2 0 2\n"
                                                               "        |-- 192.168.7.1\n           /32 host LOCAL\n"
                                                               "  +-- 127.0.0.0/8"))
-    assert preflight(run_cli, world, env={"MASTER_ADDR": "192.168.7.1"})["master-addr"]["status"] == "pass"
+    assert preflight(run_cli, host_and_hub, env={"MASTER_ADDR": "192.168.7.1"})["master-addr"]["status"] == "pass"
 
 
-def test_launching_rank_1_alone_is_not_judged_on_rank_0s_host(run_cli, world):
+def test_launching_rank_1_alone_is_not_judged_on_rank_0s_host(run_cli, host_and_hub):
     """`launch 1` starts the worker only: a head whose NIC is down does not stop it, and the line says why."""
-    root, home = world
+    root, home = host_and_hub
     shutil.rmtree(root / f"sys/class/net/{NIC}")
     proc = run_cli("launch", "1", "--dry-run", "--json", "--host-root", root,
                    env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)})
     checks = json.loads(proc.stdout)["preflight"]
     head = [c for c in checks if c.get("rank") == 0]
     assert [(c["check"], c["status"]) for c in head] == [("head", "skip")], head
-    assert preflight(run_cli, world)["nic"]["status"] == "fail"  # rank 0 launched: it is judged
+    assert preflight(run_cli, host_and_hub)["nic"]["status"] == "fail"  # rank 0 launched: it is judged
 
 
 def _down(root, home):
@@ -179,26 +179,26 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
-def test_each_broken_fact_is_caught(run_cli, world, case):
+def test_each_broken_fact_is_caught(run_cli, host_and_hub, case):
     breaker, name, status, detail = BROKEN[case]
-    env = breaker(*world)  # a dict: what the stand-ins are told instead
-    checks = preflight(run_cli, world, env=env if isinstance(env, dict) else None)
+    env = breaker(*host_and_hub)  # a dict: what the stand-ins are told instead
+    checks = preflight(run_cli, host_and_hub, env=env if isinstance(env, dict) else None)
     assert checks[name]["status"] == status, checks[name]
     assert detail in checks[name]["detail"]
     others = [c for n, c in checks.items() if n != name and c["status"] == "fail"]
     assert not others, others  # exactly the broken fact fails
 
 
-def test_api_key_warning(run_cli, world):
-    root, home = world
+def test_api_key_warning(run_cli, host_and_hub):
+    root, home = host_and_hub
     proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, env={"HF_HOME": str(home)}, check=PLANNED)
     checks = {c["check"]: c for c in json.loads(proc.stdout)["preflight"]}
     assert checks["api-key"]["status"] == "warn" and "0.0.0.0" in checks["api-key"]["detail"]
 
 
-def test_kv_plan_that_cannot_hold_one_sequence_is_refused_before_preflight(run_cli, world):
+def test_kv_plan_that_cannot_hold_one_sequence_is_refused_before_preflight(run_cli, host_and_hub):
     """vLLM refuses such a pool at start: it is a refusal of the plan, not a check a dry run reports and goes on."""
-    root, home = world
+    root, home = host_and_hub
     proc = run_cli("launch", "0", "--dry-run", "--json", "--host-root", root, check=1,
                    env={"HF_HOME": str(home), "KV_CACHE_MEMORY": str(2 * 2**30), **standin_env(root)})
     tokens = 2 * 2**30 * 989727 // 10247694336  # the measured cost, applied by hand
@@ -206,9 +206,9 @@ def test_kv_plan_that_cannot_hold_one_sequence_is_refused_before_preflight(run_c
     assert f"holds {tokens:,} tokens, less than one max-model-len sequence" in proc.stderr, proc.stderr
 
 
-def test_a_max_model_len_past_the_pool_leads_with_max_model_len(run_cli, world):
+def test_a_max_model_len_past_the_pool_leads_with_max_model_len(run_cli, host_and_hub):
     """The knob the user just changed comes first, with the length that fits (the pool's tokens, measured)."""
-    root, home = world
+    root, home = host_and_hub
     proc = run_cli("launch", "0", "--dry-run", "--host-root", root, check=1,
                    env={"HF_HOME": str(home), "MAX_MODEL_LEN": "2000000", **standin_env(root)})
     line = proc.stderr.removeprefix("sparkstack: error: ")
@@ -216,8 +216,8 @@ def test_a_max_model_len_past_the_pool_leads_with_max_model_len(run_cli, world):
     assert "use MAX_MODEL_LEN of at most 989,727" in line  # the pinned pool's tokens, as the boot measured them
 
 
-def test_the_verdict_counts_the_checks_and_names_the_first_failure(run_cli, world):
-    root, home = world
+def test_the_verdict_counts_the_checks_and_names_the_first_failure(run_cli, host_and_hub):
+    root, home = host_and_hub
     (root / "proc/sys/vm/swappiness").write_text("30\n")
     proc = run_cli("launch", "0", "--dry-run", "--host-root", root, check=1,
                    env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)})
@@ -232,8 +232,8 @@ def test_the_verdict_counts_the_checks_and_names_the_first_failure(run_cli, worl
     assert fixed.stdout.splitlines()[-1].endswith("`sparkstack launch 0` would start"), fixed.stdout
 
 
-def test_launch_refuses_before_any_container_on_a_failed_check(run_cli, world):
-    root, home = world
+def test_launch_refuses_before_any_container_on_a_failed_check(run_cli, host_and_hub):
+    root, home = host_and_hub
     (root / "proc/sys/vm/swappiness").write_text("30\n")
     (root / "proc/sys/vm/drop_caches").write_text("")
     proc = run_cli("launch", "all", "--host-root", root, "--worker-delay", "0", "--drop-caches",
@@ -249,14 +249,14 @@ RECIPE = Path(__file__).parents[2] / "recipes/glm53-flash-dflash2-nvfp4/recipe.t
 
 
 @pytest.mark.parametrize("below", [True, False])
-def test_free_memory_by_vllms_rule_prints_both_numbers(run_cli, world, tmp_path, below):
+def test_free_memory_by_vllms_rule_prints_both_numbers(run_cli, host_and_hub, tmp_path, below):
     """MemAvailable against gpu-memory-utilization x the recipe's gpu_memory_gib: 0.5 x 100 GiB = 50 GiB."""
-    root, _ = world
+    root, _ = host_and_hub
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(RECIPE.read_text().replace("gpu_memory_gib = 121.69", "gpu_memory_gib = 100"))
     available_kib = 50 * 2**20 - (1 if below else 0)
     (root / "proc/meminfo").write_text(f"MemAvailable: {available_kib} kB\n")
-    checks = preflight(run_cli, world, "--recipe", recipe, env={"GPU_MEM_UTIL": "0.5"})
+    checks = preflight(run_cli, host_and_hub, "--recipe", recipe, env={"GPU_MEM_UTIL": "0.5"})
     memory = checks["memory"]
     assert memory["status"] == ("fail" if below else "pass"), memory
     assert f"MemAvailable {available_kib / 2**20:.2f} GiB" in memory["detail"]
@@ -266,9 +266,9 @@ def test_free_memory_by_vllms_rule_prints_both_numbers(run_cli, world, tmp_path,
         assert "stop other containers or processes" in memory["detail"]
 
 
-def test_worker_host_facts_are_read_over_ssh(run_cli, world):
+def test_worker_host_facts_are_read_over_ssh(run_cli, host_and_hub):
     """With --probe the worker's facts come through ssh (one read-only `grep` of the files), answered as that rank."""
-    root, home = world
+    root, home = host_and_hub
     proc = run_cli("launch", "all", "--dry-run", "--probe", "--json", "--host-root", root,
                    env={"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root),
                         "STANDIN_REMOTE_GPU_PERSISTENCE_MODE": "Disabled"}, check=0)
@@ -285,15 +285,15 @@ def test_worker_host_facts_are_read_over_ssh(run_cli, world):
 
 
 @pytest.mark.parametrize("index_only", [False, True])
-def test_mtp_strip_check_reads_what_strip_really_wrote(run_cli, world, tmp_path, index_only):
+def test_mtp_strip_check_reads_what_strip_really_wrote(run_cli, host_and_hub, tmp_path, index_only):
     """The real strip's output passes; its --index-only output, which leaves MTP tensors in the shards, fails."""
-    home = world[1]
+    home = host_and_hub[1]
     flat = tmp_path / "unstripped"
     synth.write_model_dir(flat)
     src = synth.cache_from_dir(flat, tmp_path / "src-hub")
     out = home / "hub" / "models--sparkstack--stripped"
     run_cli("strip", src, "--out", out, *(["--index-only"] if index_only else []), check=0)
-    checks = preflight(run_cli, world, env={"MODEL_CACHE_NAME": out.name})
+    checks = preflight(run_cli, host_and_hub, env={"MODEL_CACHE_NAME": out.name})
     mtp_shards = sorted(s for s, specs in synth.DEFAULT_SHARDS.items() if any(spec.mtp for spec in specs))
     if index_only:
         assert checks["mtp-strip"]["status"] == "fail" and mtp_shards[0] in checks["mtp-strip"]["detail"]
@@ -430,10 +430,10 @@ def test_a_worker_launched_alone_comes_before_its_head(head, expect):
         assert "launch stop" in got[("peer", 0)].detail
 
 
-def test_a_worker_that_does_not_answer_ssh_is_one_line_and_asked_nothing_more(run_cli, world, tmp_path):
+def test_a_worker_that_does_not_answer_ssh_is_one_line_and_asked_nothing_more(run_cli, host_and_hub, tmp_path):
     """Not one ConnectTimeout per question (host facts, fabric, snapshots, docker): one line, with the command
     that tests the very ssh this run used."""
-    root, home = world
+    root, home = host_and_hub
     config = tmp_path / "ssh_config"
     config.write_text("Host *\n  HostName 127.0.0.1\n  Port 9\n  BatchMode yes\n")  # port 9: refused at once
     # the real ssh (the stand-ins' ssh runs every command here): it meets a closed port
@@ -447,8 +447,8 @@ def test_a_worker_that_does_not_answer_ssh_is_one_line_and_asked_nothing_more(ru
     assert proc.returncode == 1
 
 
-def test_the_shipped_worker_placeholder_is_named_with_what_to_set(run_cli, world):
-    root, home = world
+def test_the_shipped_worker_placeholder_is_named_with_what_to_set(run_cli, host_and_hub):
+    root, home = host_and_hub
     env = {"HF_HOME": str(home), "VLLM_API_KEY": "k", **standin_env(root)}
     doc = json.loads(run_cli("launch", "all", "--dry-run", "--json", "--host-root", root, env=env).stdout)
     (line,) = [c for c in doc["preflight"] if c["check"] == "worker-ssh"]

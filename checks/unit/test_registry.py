@@ -16,7 +16,7 @@ import pytest
 import requests
 
 import imagefix as fx
-from clirun import need
+from clirun import need, one_error_line
 from registry_standin import OCI_INDEX, OCI_MANIFEST, Standin, fixture_repo
 
 # The published digest of ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v8 (docs/commands/pin.md).
@@ -48,13 +48,6 @@ def fetch(run_cli, r, digest, out, pins=None, check=None):
 
 def blob_size(layout: Path, digest: str) -> int:
     return (layout / "blobs/sha256" / digest.split(":")[1]).stat().st_size
-
-
-def one_error_line(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sparkstack: error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 def test_tag_resolves_to_the_index_and_each_platform(reg, run_cli):

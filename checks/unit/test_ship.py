@@ -34,7 +34,7 @@ HUB = ".cache/huggingface/hub"
 
 
 @pytest.fixture
-def world(tmp_path):
+def ship_world(tmp_path):
     head = tmp_path / "head"
     hostfix.write_hub(head / ".cache/huggingface")
     targets = {name: {"home": str(tmp_path / name)} for name in ("w1", "w2", "nodocker")}
@@ -88,30 +88,30 @@ def host_blob(w, host: str, entry: str, blob: str) -> Path:
     return w["tmp"] / host / HUB / entry / "blobs" / blob
 
 
-def test_first_ship_sends_everything_loads_through_a_pipe_and_links_the_hub(world):
-    img = world["tmp"] / "img"
-    built = build(world, img)
-    out = result(ship(world, "w1", "--image", img, "--json", check=0))["w1"]
+def test_first_ship_sends_everything_loads_through_a_pipe_and_links_the_hub(ship_world):
+    img = ship_world["tmp"] / "img"
+    built = build(ship_world, img)
+    out = result(ship(ship_world, "w1", "--image", img, "--json", check=0))["w1"]
     assert out["error"] is None and out["via"] == "mgmt"
     sizes = layout_sizes(img)
     assert out["image"]["blobs_sent"] == len(sizes) and out["image"]["bytes_sent"] == sum(sizes.values())
     assert out["image"]["loaded"] and not out["image"]["already_loaded"]
-    (load,) = [c for c in shipfix.calls(world["log"]) if c["argv"][1:2] == ["load"]]
+    (load,) = [c for c in shipfix.calls(ship_world["log"]) if c["argv"][1:2] == ["load"]]
     assert load["stdin_is_pipe"]  # streamed from the host's store: no tar on its disk
-    state = json.loads((world["tmp"] / "w1/.engine.json").read_text())
+    state = json.loads((ship_world["tmp"] / "w1/.engine.json").read_text())
     assert state["names"][built["name"]] == built["config_digest"]
     # The host's store is an OCI layout of this image over shared, content-addressed blobs.
-    store = world["tmp"] / "w1/.local/share/sparkstack"
+    store = ship_world["tmp"] / "w1/.local/share/sparkstack"
     assert {p.name for p in (store / "blobs/sha256").iterdir()} == {d.split(":")[1] for d in sizes}
     index = json.loads((store / "images" / built["config_digest"].split(":")[1] / "index.json").read_text())
     assert index["manifests"][0]["digest"] == built["manifest_digest"]
     # Weights: every blob sent as a file, snapshot links and refs/main rebuilt; the hub library reads it.
-    head_hub = world["head"] / HUB
+    head_hub = ship_world["head"] / HUB
     for entry, part in zip((MODEL, DRAFT), out["weights"]):
         _, blobs = entry_for_copy(head_hub, entry)
         assert part["entry"] == entry and part["blobs_sent"] == len(blobs)
         assert part["bytes_sent"] == sum(b.size for b in blobs) and part["snapshot"] == "rebuilt"
-    scan = scan_cache_dir(world["tmp"] / "w1" / HUB)
+    scan = scan_cache_dir(ship_world["tmp"] / "w1" / HUB)
     assert scan.warnings == []
     theirs = {r.repo_id: r for r in scan.repos}
     ours = {r.repo_id: r for r in scan_cache_dir(head_hub).repos}
@@ -124,54 +124,54 @@ def test_first_ship_sends_everything_loads_through_a_pipe_and_links_the_hub(worl
             assert f.file_path.is_symlink() and not os.readlink(f.file_path).startswith("/")
 
 
-def test_reship_sends_nothing_and_a_rebuild_sends_only_its_layer_config_and_manifest(world):
-    a, b = world["tmp"] / "a", world["tmp"] / "b"
-    build(world, a)
-    ship(world, "w1", "--image", a, check=0)
-    seen = len(shipfix.calls(world["log"]))
-    again = ship(world, "w1", "--image", a, "--json", check=0)
+def test_reship_sends_nothing_and_a_rebuild_sends_only_its_layer_config_and_manifest(ship_world):
+    a, b = ship_world["tmp"] / "a", ship_world["tmp"] / "b"
+    build(ship_world, a)
+    ship(ship_world, "w1", "--image", a, check=0)
+    seen = len(shipfix.calls(ship_world["log"]))
+    again = ship(ship_world, "w1", "--image", a, "--json", check=0)
     out = result(again)["w1"]
     assert out["image"]["already_loaded"] and out["image"]["bytes_sent"] == 0 and out["image"]["blobs_sent"] == 0
     assert all(p["bytes_sent"] == 0 and p["snapshot"] == "up to date" for p in out["weights"])
-    ssh_calls = [c for c in shipfix.calls(world["log"])[seen:] if c["argv"][:1] == ["ssh"]]
+    ssh_calls = [c for c in shipfix.calls(ship_world["log"])[seen:] if c["argv"][:1] == ["ssh"]]
     assert len(ssh_calls) == 1  # one round trip: the inventory; nothing to send, link or load
-    built = build(world, b, registry="# a one-line change\n")
+    built = build(ship_world, b, registry="# a one-line change\n")
     new = set(layout_sizes(b)) - set(layout_sizes(a))
     assert len(new) == 3  # the top layer, the config, the manifest
-    out = result(ship(world, "w1", "--image", b, "--json", check=0))["w1"]
+    out = result(ship(ship_world, "w1", "--image", b, "--json", check=0))["w1"]
     assert out["image"]["blobs_sent"] == 3 and out["image"]["bytes_sent"] == sum(layout_sizes(b)[d] for d in new)
-    state = json.loads((world["tmp"] / "w1/.engine.json").read_text())
+    state = json.loads((ship_world["tmp"] / "w1/.engine.json").read_text())
     assert state["names"][built["name"]] == built["config_digest"]
 
 
-def test_layers_docker_already_holds_are_neither_sent_nor_streamed_into_its_load(world):
+def test_layers_docker_already_holds_are_neither_sent_nor_streamed_into_its_load(ship_world):
     """A worker that got the old image some other way (no sparkstack store there): only the new top layer,
     the config and the manifest go, and docker load gets no file for the layers it has."""
-    a, b = world["tmp"] / "a", world["tmp"] / "b"
-    build(world, a)
-    ship(world, "w1", "--image", a, "--no-weights", check=0)
-    shutil.rmtree(world["tmp"] / "w1/.local")  # as if it had come by docker save | docker load
-    built = build(world, b, registry="# changed\n")
+    a, b = ship_world["tmp"] / "a", ship_world["tmp"] / "b"
+    build(ship_world, a)
+    ship(ship_world, "w1", "--image", a, "--no-weights", check=0)
+    shutil.rmtree(ship_world["tmp"] / "w1/.local")  # as if it had come by docker save | docker load
+    built = build(ship_world, b, registry="# changed\n")
     new = set(layout_sizes(b)) - set(layout_sizes(a))
-    out = result(ship(world, "w1", "--image", b, "--no-weights", "--json", check=0))["w1"]
+    out = result(ship(ship_world, "w1", "--image", b, "--no-weights", "--json", check=0))["w1"]
     base_layers = len(json.loads((b / "blobs/sha256" / built["manifest_digest"].split(":")[1]).read_text())["layers"]) - 1
     assert out["image"]["blobs_sent"] == 3 and out["image"]["bytes_sent"] == sum(layout_sizes(b)[d] for d in new)
     assert out["image"]["blobs_in_docker"] == base_layers and out["image"]["loaded"]
-    load = [c for c in shipfix.calls(world["log"]) if c["argv"][1:2] == ["load"]][-1]
+    load = [c for c in shipfix.calls(ship_world["log"]) if c["argv"][1:2] == ["load"]][-1]
     assert load["layer_members"] == 1  # only the new layer's file was in the stream
-    state = json.loads((world["tmp"] / "w1/.engine.json").read_text())
+    state = json.loads((ship_world["tmp"] / "w1/.engine.json").read_text())
     assert state["names"][built["name"]] == built["config_digest"]
     # The store does not hold the whole image, so it records no layout for it.
-    assert not (world["tmp"] / "w1/.local/share/sparkstack/images" / built["config_digest"].split(":")[1]).exists()
+    assert not (ship_world["tmp"] / "w1/.local/share/sparkstack/images" / built["config_digest"].split(":")[1]).exists()
 
 
-def test_corrupt_blobs_on_the_host_are_found_and_sent_again(world):
-    img = world["tmp"] / "img"
-    built = build(world, img)
-    ship(world, "w1", "--image", img, check=0)
-    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+def test_corrupt_blobs_on_the_host_are_found_and_sent_again(ship_world):
+    img = ship_world["tmp"] / "img"
+    built = build(ship_world, img)
+    ship(ship_world, "w1", "--image", img, check=0)
+    _, blobs = entry_for_copy(ship_world["head"] / HUB, MODEL)
     victim = max(blobs, key=lambda b: b.size)
-    path = host_blob(world, "w1", MODEL, victim.name)
+    path = host_blob(ship_world, "w1", MODEL, victim.name)
     st = path.stat()  # as the host's verified record saw it
     with open(path, "r+b") as f:  # a bit flipped in place; the mtime even put back: the ctime still tells
         f.seek(10)
@@ -182,28 +182,28 @@ def test_corrupt_blobs_on_the_host_are_found_and_sent_again(world):
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     # The image: a store blob damaged, and docker no longer holding the image.
     layer = max(layout_sizes(img).items(), key=lambda kv: kv[1])[0]
-    store_blob = world["tmp"] / "w1/.local/share/sparkstack/blobs/sha256" / layer.split(":")[1]
+    store_blob = ship_world["tmp"] / "w1/.local/share/sparkstack/blobs/sha256" / layer.split(":")[1]
     store_blob.write_bytes(b"x" * store_blob.stat().st_size)
-    (world["tmp"] / "w1/.engine.json").unlink()
-    out = result(ship(world, "w1", "--image", img, "--json", check=0))["w1"]
+    (ship_world["tmp"] / "w1/.engine.json").unlink()
+    out = result(ship(ship_world, "w1", "--image", img, "--json", check=0))["w1"]
     model = next(p for p in out["weights"] if p["entry"] == MODEL)
     assert model["blobs_sent"] == 1 and model["bytes_sent"] == victim.size
     assert path.read_bytes() == victim.path.read_bytes()
     assert out["image"]["blobs_sent"] == 1 and out["image"]["bytes_sent"] == layout_sizes(img)[layer]
     assert out["image"]["loaded"]
-    assert json.loads((world["tmp"] / "w1/.engine.json").read_text())["names"][built["name"]] == built["config_digest"]
+    assert json.loads((ship_world["tmp"] / "w1/.engine.json").read_text())["names"][built["name"]] == built["config_digest"]
 
 
-def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(world):
-    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(ship_world):
+    _, blobs = entry_for_copy(ship_world["head"] / HUB, MODEL)
     victim = max(blobs, key=lambda b: b.size)
     data = victim.path.read_bytes()
-    dest = host_blob(world, "w1", MODEL, victim.name)
+    dest = host_blob(ship_world, "w1", MODEL, victim.name)
     dest.parent.mkdir(parents=True)
     partial = dest.with_name(f".{victim.name}.sparkstack-partial")
     half = len(data) // 2
     partial.write_bytes(data[:half])
-    out = result(ship(world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
+    out = result(ship(ship_world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
     (part,) = out["weights"]
     assert part["bytes_resumed"] == half
     assert part["bytes_sent"] == sum(b.size for b in blobs) - half
@@ -211,7 +211,7 @@ def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(
     # A partial of the right length but the wrong bytes is never trusted by its size.
     dest.unlink()
     partial.write_bytes(b"\0" * half)
-    out = result(ship(world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
+    out = result(ship(ship_world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
     (part,) = out["weights"]
     assert part["bytes_resumed"] == 0 and part["bytes_sent"] == victim.size and part["blobs_sent"] == 1
     assert dest.read_bytes() == data
@@ -219,13 +219,13 @@ def test_a_partial_resumes_from_its_verified_prefix_and_a_wrong_one_starts_over(
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
                          ids=["ctrl-c", "term", "hup"])
-def test_a_stop_signal_stops_ship_and_its_ssh_too(world, sig, code):
+def test_a_stop_signal_stops_ship_and_its_ssh_too(ship_world, sig, code):
     """A host that never answers holds ship in its probe. Ctrl-C reaches ship and its ssh (the terminal signals the
     whole group); `kill` and a hangup reach ship alone, and ship passes them on: no ssh is left behind."""
-    pidfile = world["tmp"] / "ssh.pid"
-    targets = json.loads(world["env"]["FAKE_TARGETS"])
+    pidfile = ship_world["tmp"] / "ssh.pid"
+    targets = json.loads(ship_world["env"]["FAKE_TARGETS"])
     targets["w1"]["stall"] = str(pidfile)
-    env = dict(world["env"], FAKE_TARGETS=json.dumps(targets))
+    env = dict(ship_world["env"], FAKE_TARGETS=json.dumps(targets))
     proc = start(sparkstack_cmd() + ["ship", "w1", "--no-image", "--model", MODEL], env=env, stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -243,11 +243,11 @@ def test_a_stop_signal_stops_ship_and_its_ssh_too(world, sig, code):
     wait_for("ship's ssh gone", lambda: gone(ssh))
 
 
-def _count_wire_bytes(world, *hosts) -> None:
-    targets = json.loads(world["env"]["FAKE_TARGETS"])
+def _count_wire_bytes(ship_world, *hosts) -> None:
+    targets = json.loads(ship_world["env"]["FAKE_TARGETS"])
     for host in hosts:
         targets[host]["count_stdin"] = True
-    world["env"]["FAKE_TARGETS"] = json.dumps(targets)
+    ship_world["env"]["FAKE_TARGETS"] = json.dumps(targets)
 
 
 def _wire_bytes(log: Path, host: str) -> int:
@@ -255,44 +255,44 @@ def _wire_bytes(log: Path, host: str) -> int:
     return sum(c["stdin_bytes"] for c in shipfix.calls(log) if c.get("target") == host)
 
 
-def test_a_partial_with_a_corrupt_prefix_is_restarted_at_once_and_counted_not_sent_twice(world):
+def test_a_partial_with_a_corrupt_prefix_is_restarted_at_once_and_counted_not_sent_twice(ship_world):
     """The host's partial has the right length but a flipped first byte. The head must see that from the
     prefix hash and send the blob from byte 0 once: resuming on top of it would only be caught by the final
     hash, and the blob would cross a second time. Judged on what crossed the wire, not on the last attempt."""
-    _count_wire_bytes(world, "w1", "w2")
-    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+    _count_wire_bytes(ship_world, "w1", "w2")
+    _, blobs = entry_for_copy(ship_world["head"] / HUB, MODEL)
     victim = max(blobs, key=lambda b: b.size)
     data = victim.path.read_bytes()
     half = len(data) // 2
-    dest = host_blob(world, "w1", MODEL, victim.name)
+    dest = host_blob(ship_world, "w1", MODEL, victim.name)
     dest.parent.mkdir(parents=True)
     partial = dest.with_name(f".{victim.name}.sparkstack-partial")
     partial.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:half])
     args = ("--no-image", "--model", MODEL, "--streams", "1", "--json")
-    clean = result(ship(world, "w2", *args, check=0))["w2"]  # the same ship to a host that holds nothing
-    out = result(ship(world, "w1", *args, check=0))["w1"]
+    clean = result(ship(ship_world, "w2", *args, check=0))["w2"]  # the same ship to a host that holds nothing
+    out = result(ship(ship_world, "w1", *args, check=0))["w1"]
     total = sum(b.size for b in blobs)
     (part,), (clean_part,) = out["weights"], clean["weights"]
     assert clean_part["bytes_sent"] == total and clean_part["partials_restarted"] == 0
     assert part["partials_restarted"] == 1 and part["bytes_resumed"] == 0
     assert part["bytes_sent"] == total and part["blobs_sent"] == len(blobs)
-    assert _wire_bytes(world["log"], "w2") > total
-    assert _wire_bytes(world["log"], "w1") == _wire_bytes(world["log"], "w2")  # byte for byte: nothing crossed twice
+    assert _wire_bytes(ship_world["log"], "w2") > total
+    assert _wire_bytes(ship_world["log"], "w1") == _wire_bytes(ship_world["log"], "w2")  # byte for byte: nothing crossed twice
     assert dest.read_bytes() == data and not partial.exists()
 
 
 @pytest.mark.parametrize("case", ["same-revision", "new-revision"])
-def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_snapshot(world, tmp_path, case):
+def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_snapshot(ship_world, tmp_path, case):
     """finish rebuilds a host's snapshot and points refs/main at it. Killed before each of its changes in turn
     (checks/killfix.py), the host's loader finds the old snapshot or the new one, whole, never none.
     same-revision: the host holds the revision with one stale link more, and refs/main names it throughout.
     new-revision: the host's refs/main names an older commit, whose snapshot must stay readable until the ref moves."""
-    ship(world, "w1", "--no-image", "--model", MODEL, check=0)
-    hub = world["tmp"] / "w1" / HUB
-    (entry,) = local.entries_to_ship(world["head"] / HUB, (MODEL,))
+    ship(ship_world, "w1", "--no-image", "--model", MODEL, check=0)
+    hub = ship_world["tmp"] / "w1" / HUB
+    (entry,) = local.entries_to_ship(ship_world["head"] / HUB, (MODEL,))
     repo_id = hfcache.repo_id_from_folder(MODEL)
     snap = hub / entry.layout.snapshot_dir
-    new = {f: (world["head"] / HUB / entry.layout.snapshot_dir / f).read_bytes() for f, _, _ in entry.layout.links}
+    new = {f: (ship_world["head"] / HUB / entry.layout.snapshot_dir / f).read_bytes() for f, _, _ in entry.layout.links}
     if case == "same-revision":
         rel, _blob, target = entry.layout.links[0]
         os.symlink(target, snap / "stale.json")  # same dir depth as links[0]: a good link to a blob the host has
@@ -330,26 +330,26 @@ def test_a_finish_killed_before_any_step_never_leaves_refs_main_without_a_whole_
         assert seen in allowed.get(ref, []), f"killed before step {step}: refs/main {ref[:8]}, files {sorted(seen)}"
 
 
-def test_a_partial_longer_than_its_blob_is_started_over_never_kept(world):
+def test_a_partial_longer_than_its_blob_is_started_over_never_kept(ship_world):
     """A partial holding the whole blob and more (a blob that shrank upstream, a stray write): its first `size`
     bytes hash right, but the file is not the blob. It is sent from byte 0, and the host ends with exactly the blob."""
-    _, blobs = entry_for_copy(world["head"] / HUB, MODEL)
+    _, blobs = entry_for_copy(ship_world["head"] / HUB, MODEL)
     victim = max(blobs, key=lambda b: b.size)
     data = victim.path.read_bytes()
-    dest = host_blob(world, "w1", MODEL, victim.name)
+    dest = host_blob(ship_world, "w1", MODEL, victim.name)
     dest.parent.mkdir(parents=True)
     partial = dest.with_name(f".{victim.name}.sparkstack-partial")
     partial.write_bytes(data + b"left over")
-    out = result(ship(world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
+    out = result(ship(ship_world, "w1", "--no-image", "--model", MODEL, "--json", check=0))["w1"]
     (part,) = out["weights"]
     assert part["bytes_resumed"] == 0 and part["bytes_sent"] == sum(b.size for b in blobs)
     assert dest.read_bytes() == data and not partial.exists()
 
 
-def test_hosts_ship_at_once_and_one_failing_host_leaves_the_others_done(world):
-    img = world["tmp"] / "img"
-    build(world, img)
-    proc = ship(world, "w1", "w2", "badkey", "--image", img, "--json", "--streams", "2")
+def test_hosts_ship_at_once_and_one_failing_host_leaves_the_others_done(ship_world):
+    img = ship_world["tmp"] / "img"
+    build(ship_world, img)
+    proc = ship(ship_world, "w1", "w2", "badkey", "--image", img, "--json", "--streams", "2")
     assert proc.returncode == 1
     out = result(proc)
     assert out["w1"]["error"] is None and out["w2"]["error"] is None
@@ -358,29 +358,29 @@ def test_hosts_ship_at_once_and_one_failing_host_leaves_the_others_done(world):
     assert proc.stderr.strip().splitlines() == ["sparkstack: error: badkey: Host key verification failed."]
 
 
-def test_a_host_without_docker_gets_one_line_and_nothing_is_sent(world):
-    img = world["tmp"] / "img"
-    build(world, img)
-    proc = ship(world, "nodocker", "--image", img)
+def test_a_host_without_docker_gets_one_line_and_nothing_is_sent(ship_world):
+    img = ship_world["tmp"] / "img"
+    build(ship_world, img)
+    proc = ship(ship_world, "nodocker", "--image", img)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "sparkstack: error: nodocker: docker is not installed (no docker on PATH); the image cannot be loaded there"]
-    assert not (world["tmp"] / "nodocker/.local/share/sparkstack/blobs").exists()
+    assert not (ship_world["tmp"] / "nodocker/.local/share/sparkstack/blobs").exists()
     # Weights need no docker.
-    ship(world, "nodocker", "--no-image", check=0)
+    ship(ship_world, "nodocker", "--no-image", check=0)
 
 
-def test_dry_run_lists_what_would_go_and_changes_nothing_on_the_host(world):
-    img = world["tmp"] / "img"
-    build(world, img)
-    _, blobs = entry_for_copy(world["head"] / HUB, DRAFT)
-    dest = host_blob(world, "w1", DRAFT, blobs[0].name)
+def test_dry_run_lists_what_would_go_and_changes_nothing_on_the_host(ship_world):
+    img = ship_world["tmp"] / "img"
+    build(ship_world, img)
+    _, blobs = entry_for_copy(ship_world["head"] / HUB, DRAFT)
+    dest = host_blob(ship_world, "w1", DRAFT, blobs[0].name)
     dest.parent.mkdir(parents=True)
     dest.write_bytes(blobs[0].path.read_bytes())
-    before = sorted(p for p in (world["tmp"] / "w1").rglob("*"))
-    doc = json.loads(ship(world, "w1", "--image", img, "--dry-run", "--json", check=0).stdout)
-    assert sorted(p for p in (world["tmp"] / "w1").rglob("*")) == before
-    assert not (world["head"] / ".local").exists()  # nor on the head (its store is written only for real)
+    before = sorted(p for p in (ship_world["tmp"] / "w1").rglob("*"))
+    doc = json.loads(ship(ship_world, "w1", "--image", img, "--dry-run", "--json", check=0).stdout)
+    assert sorted(p for p in (ship_world["tmp"] / "w1").rglob("*")) == before
+    assert not (ship_world["head"] / ".local").exists()  # nor on the head (its store is written only for real)
     (host,) = doc["hosts"]
     draft = next(e for e in host["weights"] if e["entry"] == DRAFT)
     assert draft["blobs_present"] == 1 and draft["present"] == [{"key": f"{DRAFT}/{blobs[0].name}", "size": blobs[0].size}]
@@ -388,24 +388,24 @@ def test_dry_run_lists_what_would_go_and_changes_nothing_on_the_host(world):
     assert host["image"]["blobs_to_send"] == len(layout_sizes(img)) and not host["image"]["already_loaded"]
     assert host["bytes_to_send"] == sum(layout_sizes(img).values()) + sum(
         e["bytes_to_send"] for e in host["weights"])
-    loads = [c for c in shipfix.calls(world["log"]) if c["argv"][0] == "docker" and "load" in c["argv"]]
+    loads = [c for c in shipfix.calls(ship_world["log"]) if c["argv"][0] == "docker" and "load" in c["argv"]]
     assert loads == []
 
 
-def test_image_by_config_digest_or_name_from_the_heads_store(world):
-    img = world["tmp"] / "img"
-    built = build(world, img)
-    ship(world, "w1", "--image", img, "--no-weights", check=0)  # also records the image in the head's store
-    out = result(ship(world, "w2", "--image", built["config_digest"], "--no-weights", "--json", check=0))["w2"]
+def test_image_by_config_digest_or_name_from_the_heads_store(ship_world):
+    img = ship_world["tmp"] / "img"
+    built = build(ship_world, img)
+    ship(ship_world, "w1", "--image", img, "--no-weights", check=0)  # also records the image in the head's store
+    out = result(ship(ship_world, "w2", "--image", built["config_digest"], "--no-weights", "--json", check=0))["w2"]
     assert out["image"]["loaded"] and out["image"]["config_digest"] == built["config_digest"]
-    env = dict(world["env"], IMAGE=built["name"])  # what launch would run, found by its name
+    env = dict(ship_world["env"], IMAGE=built["name"])  # what launch would run, found by its name
     proc = subprocess.run(sparkstack_cmd() + ["ship", "w2", "--no-weights", "--json"], capture_output=True, text=True,
                           env=env)
     assert proc.returncode == 0, proc.stderr
     assert result(proc)["w2"]["image"]["already_loaded"]
 
 
-def test_the_helper_never_links_outside_its_entry(world, tmp_path):
+def test_the_helper_never_links_outside_its_entry(ship_world, tmp_path):
     hub = tmp_path / "w1" / HUB
     (hub / "models--a--b/blobs").mkdir(parents=True)
     blob = "0" * 40
@@ -464,15 +464,15 @@ def test_the_plan_counts_what_a_host_has_before_checking_room():
     assert P.plan_host(target, None, (entry,), "ssh: connect to host w port 22: Connection refused").error.startswith("ssh")
 
 
-def test_a_head_blob_that_does_not_match_its_name_is_never_shipped(world):
-    _, blobs = entry_for_copy(world["head"] / HUB, DRAFT)
+def test_a_head_blob_that_does_not_match_its_name_is_never_shipped(ship_world):
+    _, blobs = entry_for_copy(ship_world["head"] / HUB, DRAFT)
     bad = next(b for b in blobs if b.algorithm == "git-sha1")  # the git sha1 rule is checked, not only sha256
     data = bad.path.read_bytes()
     bad.path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    proc = ship(world, "w1", "--no-image", "--model", DRAFT)
+    proc = ship(ship_world, "w1", "--no-image", "--model", DRAFT)
     assert proc.returncode == 1
     (line,) = proc.stderr.splitlines()
     assert line == (f"sparkstack: error: w1: the head's copy of {DRAFT}/{bad.name} ({bad.path}) does not match its "
                     "name; not shipped")
-    assert not host_blob(world, "w1", DRAFT, bad.name).exists()
-    assert not (world["tmp"] / "w1" / HUB / DRAFT / "snapshots").exists()  # no snapshot over a missing blob
+    assert not host_blob(ship_world, "w1", DRAFT, bad.name).exists()
+    assert not (ship_world["tmp"] / "w1" / HUB / DRAFT / "snapshots").exists()  # no snapshot over a missing blob

@@ -176,3 +176,96 @@ def test_the_command_floor_stands_below_every_area_that_declares_a_command():
     assert graph["command"] <= {"errors", "text"}, graph["command"]
     declaring = sorted(p.parent.name for p in PACKAGE.glob("*/command.py"))
     assert declaring and all("command" in graph[a] for a in declaring), declaring
+
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "ARCHITECTURE.md"
+FLOOR_ROW = re.compile(r"\| (\d+) \| ([^|]+) \| ([^|]+) \|")
+
+
+def floor_table() -> dict[str, tuple[int, str]]:
+    """ARCHITECTURE.md's floor table: each area it names (`cli.py` -> cli, `sweep/` -> sweep) -> its floor as
+    written, and what the row says it imports."""
+    section = ARCHITECTURE.read_text().split("## Floors", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        row = FLOOR_ROW.match(line)
+        if row:
+            for area in re.findall(r"`(\w+)(?:\.py|/)`", row[2]):
+                table[area] = (int(row[1]), row[3])
+    return table
+
+
+def test_the_floor_table_in_architecture_md_is_the_one_the_imports_give():
+    """Each area's floor and the areas its row names are what the imports make them (the package's __init__,
+    `__version__` only, is left out, as the page says). A new import, or an area moved, fails until the table
+    says it."""
+    graph = package_graph()
+    floor = floors(graph)
+    areas = set(graph) - {"sparkstack"}
+    table = floor_table()
+    assert set(table) == areas, f"areas the table lacks: {areas - set(table)}; it names: {set(table) - areas}"
+    wrong = {a: (table[a][0], floor[a]) for a in areas if table[a][0] != floor[a]}
+    assert wrong == {}, f"(written, derived) floors: {wrong}"
+    declaring = {p.parent.name for p in PACKAGE.glob("*/command.py")}
+    for area in sorted(areas):
+        said = {b for b in areas if b != area and re.search(rf"(?<![\w.]){b}(?!\w)", table[area][1])}
+        if "each area's `command` module" in table[area][1]:
+            said |= declaring
+        imports = graph[area] - {"sparkstack"}
+        assert said == imports, f"{area}: the table names {sorted(said - imports)} it does not import, " \
+                                f"and not {sorted(imports - said)} it does"
+
+
+BINARY_UNITS = re.compile(r"\b(KiB|MiB|GiB|TiB)\b")
+
+
+def test_one_formatter_picks_a_byte_counts_unit():
+    """units.human_bytes is the one function that chooses among KiB, MiB, GiB and TiB: a function anywhere else
+    whose strings name two of them is a second unit ladder (a fixed "GiB" beside a limit is not)."""
+    offenders = []
+    for name, path in MODULES.items():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            units = {u for node in ast.walk(fn) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                     for u in BINARY_UNITS.findall(node.value)}
+            if len(units) > 1:
+                offenders.append(f"{name}.{fn.name}: {sorted(units)}")
+    assert offenders == ["sparkstack.units.human_bytes: ['GiB', 'KiB', 'MiB', 'TiB']"]
+
+
+ENGINE_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def test_deploy_writes_no_engine_flag_and_reads_only_the_recipe_value_defaults():
+    """The argv is launch's. deploy names only sparkstack's own --image and the generated flags whose value a plain
+    recipe may set in its args (RECIPE_VALUE_DEFAULTS), and those are generated flags of launch's."""
+    from sparkstack.deploy.plan import RECIPE_VALUE_DEFAULTS
+    from sparkstack.launch.plan import GENERATED_FLAGS
+
+    named = set()
+    for name, path in MODULES.items():
+        if name.startswith("sparkstack.deploy"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    named.update(ENGINE_FLAG.findall(node.value))
+    assert named - {"--image"} == set(RECIPE_VALUE_DEFAULTS), named
+    assert set(RECIPE_VALUE_DEFAULTS) <= set(GENERATED_FLAGS)
+
+
+APPS_NIX = PACKAGE.parents[1] / "nix" / "apps.nix"
+NO_APP = {"patch"}  # patch check has no app of its own (ARCHITECTURE.md says so)
+
+
+def test_every_top_level_command_but_patch_has_one_app_in_apps_nix():
+    """nix/apps.nix read as text (checks/nix/test_flake_e2e.py evaluates it): one `name = app "name" "name ..."`
+    per top-level command of the click group, and none for a command that does not exist."""
+    import click
+
+    from sparkstack.cli import main
+
+    commands = set(main.list_commands(click.Context(main)))
+    rows = re.findall(r'^\s*(\w+) = app "(\w+)" "(\w+)\b', APPS_NIX.read_text(), re.M)
+    assert rows and all(a == b == c for a, b, c in rows), rows
+    apps = [a for a, _, _ in rows]
+    assert len(apps) == len(set(apps)) and set(apps) == commands - NO_APP, sorted(set(apps) ^ (commands - NO_APP))

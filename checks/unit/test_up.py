@@ -79,7 +79,7 @@ def test_verify_counts_as_done_only_against_the_very_launch_that_serves_now():
 
 
 @pytest.fixture
-def world(tmp_path):
+def up_world(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     refused = tmp_path / "ssh_config"  # every worker refuses at once: no DNS, no wait
@@ -95,9 +95,9 @@ def world(tmp_path):
     return {"tmp": tmp_path, "home": home, "env": env, "ssh_config": refused, "pins": pins}
 
 
-def up(world, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*sparkstack_cmd(), "up", "--pins", str(world["pins"]), "--ssh-config",
-                           str(world["ssh_config"]), *args], cwd=world["tmp"], env={**world["env"], **(env or {})},
+def up(up_world, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*sparkstack_cmd(), "up", "--pins", str(up_world["pins"]), "--ssh-config",
+                           str(up_world["ssh_config"]), *args], cwd=up_world["tmp"], env={**up_world["env"], **(env or {})},
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
@@ -107,8 +107,8 @@ def by_stage(doc: dict) -> dict[str, dict]:
     return {s["stage"]: s for s in doc["stages"]}
 
 
-def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(world):
-    proc = up(world, "--dry-run", "--json")
+def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(up_world):
+    proc = up(up_world, "--dry-run", "--json")
     assert_planned(proc)
     stages = by_stage(json.loads(proc.stdout))
     assert list(stages) == ["fetch", "strip", "build", "ship", "tune", "launch", "verify"]
@@ -118,87 +118,87 @@ def test_dry_run_json_names_each_blocked_stage_and_the_command_that_unblocks_it(
     assert unblock.endswith("/glm53-flash-dflash2-nvfp4/recipe.toml"), unblock
     assert stages["build"]["state"] == "blocked"
     assert "not pinned for linux/arm64" in stages["build"]["detail"]
-    assert stages["build"]["unblock"] == f"sparkstack pin base {REF} --platform linux/arm64 --pins {world['pins']}"
+    assert stages["build"]["unblock"] == f"sparkstack pin base {REF} --platform linux/arm64 --pins {up_world['pins']}"
     assert stages["strip"]["state"] == "blocked" and stages["strip"]["after"] == ["fetch"]
     assert stages["launch"]["unblock"] == stages["build"]["unblock"]  # launch waits for build: build's unblock
     assert stages["tune"]["state"] == "blocked" and "worker-node" in stages["tune"]["detail"]
-    assert not (world["home"] / "hf").exists() and not (world["tmp"] / "state").exists()
+    assert not (up_world["home"] / "hf").exists() and not (up_world["tmp"] / "state").exists()
 
 
-def test_a_pinned_base_not_given_is_unblocked_by_image_pull(world):
+def test_a_pinned_base_not_given_is_unblocked_by_image_pull(up_world):
     """Pins that name the platform, no --base, no Nix: build's unblock is the `image pull` that assembles it."""
     layer = {"digest": "sha256:" + "4" * 64, "mediaType": "application/vnd.oci.image.layer.v1.tar", "size": 4}
-    doc = json.loads(world["pins"].read_text())
+    doc = json.loads(up_world["pins"].read_text())
     doc["platforms"] = {"linux/arm64": {"manifest": {**layer, "digest": "sha256:" + "2" * 64,
                                                      "mediaType": "application/vnd.oci.image.manifest.v1+json"},
                                         "config": {**layer, "digest": "sha256:" + "3" * 64}, "layers": [layer]}}
-    world["pins"].write_text(json.dumps(doc))
-    proc = up(world, "--dry-run", "--json")
+    up_world["pins"].write_text(json.dumps(doc))
+    proc = up(up_world, "--dry-run", "--json")
     assert_planned(proc)
     build = by_stage(json.loads(proc.stdout))["build"]
     assert build["state"] == "blocked" and "sha256:222222222222" in build["detail"]
-    assert build["unblock"] == f"sparkstack image pull --out base --pins {world['pins']}"
+    assert build["unblock"] == f"sparkstack image pull --out base --pins {up_world['pins']}"
 
 
-def test_off_a_terminal_up_needs_yes_and_applies_nothing(world, tmp_path):
+def test_off_a_terminal_up_needs_yes_and_applies_nothing(up_world, tmp_path):
     repos = synthetic_repos(tmp_path / "repos")
     recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
     with HubStandin(repos) as hub:
-        proc = up(world, "--recipe", str(recipe), "--until", "strip",
+        proc = up(up_world, "--recipe", str(recipe), "--until", "strip",
                   env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": ""})
         assert proc.returncode == 2
         assert proc.stderr.splitlines()[-1].startswith("sparkstack: error: not a terminal: pass --yes")
-        assert not (world["tmp"] / "state").exists() and not (world["home"] / "hf").exists()
+        assert not (up_world["tmp"] / "state").exists() and not (up_world["home"] / "hf").exists()
         assert hub.downloads() == []  # the plan only asked what each commit holds
-    proc = up(world, "--from", "launch", "--until", "fetch")
+    proc = up(up_world, "--from", "launch", "--until", "fetch")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
-def test_a_plan_with_nothing_to_run_but_a_block_says_so_without_asking(world):
+def test_a_plan_with_nothing_to_run_but_a_block_says_so_without_asking(up_world):
     """Nothing would be applied, so there is nothing to consent to: the block's one line, exit 1."""
-    proc = up(world)
+    proc = up(up_world)
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.splitlines()[-1]
     assert last.startswith("sparkstack: error: up: fetch is blocked: ") and "unblock it: sparkstack fetch --resolve" in last
     assert "run it alone" not in last  # a blocked stage is unblocked, not rerun
-    record = json.loads((world["tmp"] / "state/up/last.json").read_text())
+    record = json.loads((up_world["tmp"] / "state/up/last.json").read_text())
     assert [s["outcome"] for s in record["stages"]] == ["blocked"] + ["not started"] * 6
     assert record["stages"][0]["rerun"] == "sparkstack fetch"  # the record's rerun runs the stage, as for any other
 
 
-def test_bad_image_options_are_one_line_usage_errors(world):
-    proc = up(world, "--dry-run", "--image", str(world["tmp"] / "nope"))
+def test_bad_image_options_are_one_line_usage_errors(up_world):
+    proc = up(up_world, "--dry-run", "--image", str(up_world["tmp"] / "nope"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--image" in proc.stderr, proc.stderr
-    proc = up(world, "--dry-run", "--image", str(world["pins"]), "--base", str(world["pins"]))
+    proc = up(up_world, "--dry-run", "--image", str(up_world["pins"]), "--base", str(up_world["pins"]))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--base" in proc.stderr, proc.stderr
 
 
-def test_printed_commands_run_from_any_directory(world):
+def test_printed_commands_run_from_any_directory(up_world):
     """The commands `up` prints (run it alone, unblock) name absolute paths: the default `--out image` is relative."""
-    doc = json.loads(up(world, "--dry-run", "--json").stdout)
+    doc = json.loads(up(up_world, "--dry-run", "--json").stdout)
     build = by_stage(doc)["build"]
-    assert f"--out {world['tmp'] / 'image'}" in build["rerun"], build["rerun"]
+    assert f"--out {up_world['tmp'] / 'image'}" in build["rerun"], build["rerun"]
 
 
-def test_an_unwritable_record_stops_up_before_any_stage_acts(world, tmp_path):
+def test_an_unwritable_record_stops_up_before_any_stage_acts(up_world, tmp_path):
     repos = synthetic_repos(tmp_path / "repos")
     recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
     blocker = tmp_path / "file"
     blocker.write_text("")
     with HubStandin(repos) as hub:
-        proc = up(world, "--recipe", str(recipe), "--until", "fetch", "--yes",
+        proc = up(up_world, "--recipe", str(recipe), "--until", "fetch", "--yes",
                   env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": "",
                        "SPARKSTACK_STATE_DIR": str(blocker / "state")})
     assert proc.returncode == 1 and "run record" in proc.stderr.splitlines()[-1], proc.stderr
-    assert not (world["home"] / "hf").exists()  # fetch never ran
+    assert not (up_world["home"] / "hf").exists()  # fetch never ran
 
 
-def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, tmp_path):
+def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(up_world, tmp_path):
     repos = synthetic_repos(tmp_path / "repos")
     recipe = recipe_copy(tmp_path / "recipe.toml", repos[MODEL].refs["main"], repos[DRAFTER].refs["main"])
     with HubStandin(repos) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}
-        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--dry-run", "--json", env=env)
+        proc = up(up_world, "--recipe", str(recipe), "--until", "strip", "--dry-run", "--json", env=env)
         stages = by_stage(json.loads(proc.stdout))
         assert (stages["fetch"]["state"], stages["strip"]["state"]) == ("will run", "will run")
         assert stages["strip"]["after"] == ["fetch"]
@@ -206,12 +206,12 @@ def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, t
         assert stages["fetch"]["bytes"] == sum(map(len, files))  # every file of both commits: the cache is empty
         assert {stages[s]["state"] for s in ("build", "ship", "tune", "launch", "verify")} == {"skipped"}
 
-        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--yes", "--json", env=env)
+        proc = up(up_world, "--recipe", str(recipe), "--until", "strip", "--yes", "--json", env=env)
         assert proc.returncode == 0, proc.stderr
         result = {s["stage"]: s["outcome"] for s in json.loads(proc.stdout)["result"]["stages"]}
         assert (result["fetch"], result["strip"]) == ("done", "done")
         gets = len(hub.requests("get"))
-        hub_dir = world["home"] / "hf/hub"
+        hub_dir = up_world["home"] / "hf/hub"
         snap = hub_dir / "models--LibertAIDAI--GLM-5.3-Flash-NVFP4-no-MTP/snapshots" / repos[MODEL].refs["main"]
         kept = set()
         for shard in snap.glob("*.safetensors"):
@@ -220,20 +220,20 @@ def test_up_fetches_and_strips_then_says_up_to_date_and_resumes_nothing(world, t
         assert kept == {s.name for specs in synth.DEFAULT_SHARDS.values() for s in specs if not s.mtp}
 
         # Again: both up to date, nothing downloaded, and the record says what the first run did.
-        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--dry-run", "--json", env=env)
+        proc = up(up_world, "--recipe", str(recipe), "--until", "strip", "--dry-run", "--json", env=env)
         stages = by_stage(json.loads(proc.stdout))
         assert (stages["fetch"]["state"], stages["strip"]["state"]) == ("up to date", "up to date")
         last = json.loads(proc.stdout)["last_run"]
         assert [s["outcome"] for s in last["stages"]][:2] == ["done", "done"]
-        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--yes", env=env)
+        proc = up(up_world, "--recipe", str(recipe), "--until", "strip", "--yes", env=env)
         assert proc.returncode == 0 and "nothing to do" in proc.stdout, proc.stdout + proc.stderr
         assert len(hub.requests("get")) == gets
-    record = Path(world["tmp"] / "state/up/last.json")
+    record = Path(up_world["tmp"] / "state/up/last.json")
     assert json.loads(record.read_text())["stages"][0]["stage"] == "fetch"
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["term", "hup"])
-def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record(world, tmp_path, sig, code):
+def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record(up_world, tmp_path, sig, code):
     """`kill` or a hangup while fetch waits on a shard: up stops as on Ctrl-C (its lines, its JSON, its record)
     and the next `up` finishes from there."""
     repos = synthetic_repos(tmp_path / "repos")
@@ -242,9 +242,9 @@ def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record
     with HubStandin(repos) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}
         hub.faults["stall"] = shard
-        proc = start([*sparkstack_cmd(), "up", "--pins", str(world["pins"]), "--ssh-config", str(world["ssh_config"]),
-                      "--recipe", str(recipe), "--until", "strip", "--yes", "--json"], cwd=world["tmp"],
-                     env={**world["env"], **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = start([*sparkstack_cmd(), "up", "--pins", str(up_world["pins"]), "--ssh-config", str(up_world["ssh_config"]),
+                      "--recipe", str(recipe), "--until", "strip", "--yes", "--json"], cwd=up_world["tmp"],
+                     env={**up_world["env"], **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                      stderr=subprocess.PIPE, text=True)
         try:
             wait_for("the stalled shard asked for",
@@ -265,7 +265,7 @@ def test_a_stop_signal_mid_fetch_says_what_is_done_and_cut_and_writes_the_record
         record = json.loads((tmp_path / "state/up/last.json").read_text())
         assert [(s["stage"], s["outcome"]) for s in record["stages"]][:2] == [("fetch", "cut"), ("strip", "not started")]
         hub.faults.clear()
-        proc = up(world, "--recipe", str(recipe), "--until", "strip", "--yes", "--json", env=env)
+        proc = up(up_world, "--recipe", str(recipe), "--until", "strip", "--yes", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     again = by_stage(json.loads(proc.stdout)["result"])
     assert (again["fetch"]["outcome"], again["strip"]["outcome"]) == ("done", "done")

@@ -21,7 +21,8 @@ knobs, image, revisions, argv and bench options); `booting`/`benching` at load t
 such a cell is `cut` and runs again. A failed cell keeps its diagnosis (the fatal boot line) and is a row of the
 table, not the end of the sweep.
 
-The apply, to be written on the command objects (stop, launch, bench), per cell in the plan's run order:
+The apply (`sweep/command.py`'s `apply`, through the command objects stop, launch and bench), per cell in the plan's
+run order:
 1. skip it when `finished(state)` holds its key (resume); else `mark(..., status="booting")` and write;
 2. unless the plan says the cell reuses a boot (and the pair is healthy with that run id): `launch stop`, then
    `launch all` with `cell_environ(environ, knobs)`; a LaunchFailed is `failed` with its fatal line
