@@ -96,7 +96,8 @@ def test_a_worker_port_set_down_fails_on_rank_1(fabric_world):
     with worker_link(lab, ("link", "set", FABRIC_IF, "down")):
         checks = preflight(fabric_world)
     assert checks[("nic", 1)]["status"] == "fail"
-    assert checks[("nic", 1)]["detail"] == f"{FABRIC_IF} operstate is 'down', not 'up'"
+    assert checks[("nic", 1)]["detail"] == (f"{FABRIC_IF} operstate is 'down', not 'up'; check its cable, then "
+                                            f"`ip link set {FABRIC_IF} up`")
     assert preflight(fabric_world)[("nic", 1)]["status"] == "pass"  # put back
 
 
@@ -108,7 +109,8 @@ def test_a_renamed_worker_port_fails_nic_hca_and_address_on_rank_1(fabric_world)
     assert statuses(checks, 1) == {"nic": "fail", "hca": "fail", "fabric-ip": "fail"}, checks
     assert checks[("nic", 1)]["detail"].startswith(f"{FABRIC_IF} does not exist (have: ")
     assert RENAMED in checks[("nic", 1)]["detail"] and RENAMED in checks[("hca", 1)]["detail"]
-    assert checks[("fabric-ip", 1)]["detail"] == f"10.0.0.2 is local but its subnet is not on {FABRIC_IF}"
+    assert checks[("fabric-ip", 1)]["detail"] == (f"10.0.0.2 is local but its subnet is not on {FABRIC_IF}; the fabric "
+                                                  f"address belongs on the fabric port (`ip -4 route show dev {FABRIC_IF}`)")
     assert statuses(checks, 0)["hca"] == "pass"  # the head's own port kept its name
 
 
@@ -118,7 +120,9 @@ def test_a_worker_port_with_the_wrong_address_fails_on_rank_1(fabric_world):
                      ("addr", "add", "10.0.0.9/24", "dev", FABRIC_IF)):
         checks = preflight(fabric_world)
     assert checks[("fabric-ip", 1)]["status"] == "fail"
-    assert checks[("fabric-ip", 1)]["detail"] == "10.0.0.2 is not an address of this host"
+    assert checks[("fabric-ip", 1)]["detail"] == (f"10.0.0.2 is not an address of this host; set fabric_ip of this "
+                                                  f"rank's [[nodes]] to its address on {FABRIC_IF} "
+                                                  f"(`ip -4 addr show {FABRIC_IF}`)")
     assert statuses(checks, 1)["nic"] == "pass" and statuses(checks, 0) == {"nic": "pass", "hca": "pass",
                                                                           "fabric-ip": "pass"}
     assert preflight(fabric_world)[("fabric-ip", 1)]["status"] == "pass"  # put back
