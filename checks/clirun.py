@@ -82,3 +82,40 @@ def one_error_line(proc, code: int | None = 1, notes_before: bool = False) -> st
     assert lines[-1].startswith("sparkstack: error: "), out
     assert not any(line.startswith("sparkstack: error: ") for line in lines[:-1]), out
     return lines[-1]
+
+
+def run_in_process(args, env: dict | None = None, *, replace_env: bool = False, text: bool = True,
+                   input: str | bytes | None = None) -> subprocess.CompletedProcess:
+    """The real entry point (`sparkstack.cli.entry`, as `python -m sparkstack.cli` runs it), called in this
+    process: its exit code, stdout and stderr as a child would give them, at a fraction of an interpreter's start.
+
+    For the refusals a test checks by the hundred, where a child proves nothing more. `env` is laid over this
+    process's environment, or with `replace_env` is the whole of it, for the call only (click's own test
+    isolation, which also swaps stdin, stdout and stderr). The signal handlers `entry` installs are put back after.
+    Not for what a child alone shows: a signal, a closed stdout, a hang, or a library that reads its environment
+    once at import (huggingface_hub's HF_* constants): those tests start the CLI as a child (`sparkstack_cmd`)."""
+    from click.testing import CliRunner
+
+    from sparkstack import cli
+
+    wanted = dict(env or {}) if replace_env else dict(os.environ, **(env or {}))
+    overlay = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
+    overlay.update({k: None for k in os.environ if k not in wanted})  # None: unset for the call
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    argv = [str(a) for a in args]
+    old_argv = sys.argv
+    code = 0
+    with CliRunner().isolation(input=input, env=overlay) as streams:
+        sys.argv = ["sparkstack", *argv]
+        try:
+            cli.entry()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            sys.argv = old_argv
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+        out, err = streams[0].getvalue(), streams[1].getvalue()
+    if text:
+        out, err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    return subprocess.CompletedProcess(sparkstack_cmd() + argv, code, out, err)

@@ -19,7 +19,7 @@ CHECKS = Path(__file__).parent
 sys.path.insert(0, str(CHECKS))
 
 
-from clirun import PLANNED, assert_planned, sparkstack_cmd  # noqa: E402
+from clirun import PLANNED, assert_planned, run_in_process, sparkstack_cmd  # noqa: E402
 
 # xdist groups whose tests wait for something .ci/run makes beside them, and the variable naming the file that says
 # it is made (whole, `ok` or the failure). Until then the group is handed out after the other work, so no worker
@@ -63,6 +63,15 @@ def pytest_runtest_protocol(item, nextitem):
             f.write(f"{worker}\t{began:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
 
 
+def _checked(proc, check):
+    """`check`: PLANNED (a dry run's verdict), an exit code, or None (anything)."""
+    if check == PLANNED:
+        assert_planned(proc)
+    elif check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
 @pytest.fixture
 def run_cli():
     """Run the real CLI in a subprocess, as a user would."""
@@ -70,11 +79,18 @@ def run_cli():
     def run(*args, env=None, check=None):
         full_env = dict(os.environ, **(env or {}))
         proc = subprocess.run(sparkstack_cmd() + [str(a) for a in args], capture_output=True, text=True, env=full_env)
-        if check == PLANNED:
-            assert_planned(proc)
-        elif check is not None:
-            assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-        return proc
+        return _checked(proc, check)
+
+    return run
+
+
+@pytest.fixture
+def run_inproc():
+    """`run_cli`, but the real entry point called in this process (clirun.run_in_process): for refusals checked
+    by the dozen, where a child proves nothing more."""
+
+    def run(*args, env=None, check=None):
+        return _checked(run_in_process(args, env), check)
 
     return run
 

@@ -6,11 +6,10 @@ variable, or the recipe file and its key). Warnings also go to stderr, so "one l
 """
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import assert_planned, sparkstack_cmd
+from clirun import assert_planned, run_in_process
 
 ROOT = Path(__file__).parents[2]
 TUNED = ROOT / "recipes/glm53-flash-dflash2-nvfp4/recipe.toml"
@@ -22,11 +21,12 @@ KNOBS = ("IMAGE", "NAME", "SERVED_NAME", "MODEL_CACHE_NAME", "DRAFT_CACHE_NAME",
 
 
 def launch(tmp_path, *args, env=None, target="0"):
-    """The CLI in a subprocess, with no knob inherited from the caller's environment."""
+    """The real CLI, in-process (clirun.run_in_process: a child's start would cost more than the refusal), with no
+    knob inherited from the caller's environment."""
     base = {k: v for k, v in os.environ.items() if k not in KNOBS and k != "VLLM_API_KEY"}
     full = {**base, "HF_HOME": str(tmp_path / "hf"), **(env or {})}
-    cmd = sparkstack_cmd() + ["launch", target, "--dry-run", "--host-root", str(tmp_path), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=full)
+    argv = ["launch", target, "--dry-run", "--host-root", str(tmp_path), *map(str, args)]
+    return run_in_process(argv, full, replace_env=True, text=False)
 
 
 def refused(proc, *names: str) -> str:
@@ -349,7 +349,7 @@ def test_invisible_controls_in_served_name(tmp_path):
 
 
 def test_non_utf8_bytes_in_an_environment_variable(tmp_path):
-    # subprocess encodes a lone surrogate escape back to the raw byte 0xff, as a shell would pass it.
+    # os.environ encodes a lone surrogate escape back to the raw byte 0xff, as a shell would pass it.
     refused(launch(tmp_path, env={"SERVED_NAME": "caf\udcff"}), "SERVED_NAME")
 
 
@@ -457,9 +457,8 @@ def test_a_model_that_stretches_its_context_is_left_to_vllm(tmp_path):
 
 def test_stop_and_status_work_whatever_the_kv_knobs_say(tmp_path):
     for verb in ("stop", "status"):
-        cmd = sparkstack_cmd() + ["launch", verb, "--dry-run", "--host-root", str(tmp_path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "HF_HOME": str(tmp_path / "hf"), "KV_CACHE_MEMORY": "5"})
+        proc = run_in_process(["launch", verb, "--dry-run", "--host-root", tmp_path],
+                              {"HF_HOME": str(tmp_path / "hf"), "KV_CACHE_MEMORY": "5"})
         assert "KV_CACHE_MEMORY" not in proc.stderr, (verb, proc.stderr)
 
 

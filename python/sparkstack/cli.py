@@ -320,6 +320,7 @@ main = click.version_option(package_name="sparkstack")(group(
 def entry() -> None:
     """The `sparkstack` program: click in non-standalone mode, so that usage errors are one line too."""
     sys.stdout = terminal.GuardedStdout(sys.stdout)
+    _current.clear()  # a fresh run: nothing of a run before it in this process (the in-process test runner)
     interrupt.install()  # SIGTERM and SIGHUP take Ctrl-C's paths
     try:
         code = main.main(prog_name="sparkstack", standalone_mode=False)
