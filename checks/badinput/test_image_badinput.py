@@ -44,12 +44,12 @@ def _refused(proc, expect):
 
 
 @pytest.mark.parametrize("case", sorted(CORPUS))
-def test_unsafe_base_is_refused(overlay_world, run_cli, case):
+def test_unsafe_base_is_refused(overlay_world, run_inproc, case):
     tmp, src, overlay = overlay_world
     layers, expect = CORPUS[case]
     fx.write_base(tmp / "base", layers=layers)
     before = synth.tree_digest(tmp / "base")
-    proc = run_cli("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
+    proc = run_inproc("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
     _refused(proc, expect)
     assert not (tmp / "out").exists() and not list(tmp.glob(".sparkstack-*"))
     assert synth.tree_digest(tmp / "base") == before
@@ -83,18 +83,18 @@ def _wrong_diff_id(base: Path, digests: dict) -> None:
 
 
 @pytest.mark.parametrize("case, expect", [("tampered layer", "does not match its digest"), ("wrong diff_id", "diffid mismatch")])
-def test_corrupt_base_is_refused(overlay_world, run_cli, case, expect):
+def test_corrupt_base_is_refused(overlay_world, run_inproc, case, expect):
     tmp, src, overlay = overlay_world
     digests = fx.write_base(tmp / "base")
     (_tamper_layer if case == "tampered layer" else _wrong_diff_id)(tmp / "base", digests)
-    proc = run_cli("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
+    proc = run_inproc("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
     _refused(proc, expect)
     assert not (tmp / "out").exists()
-    _refused(run_cli("image", "verify", tmp / "base"), expect)
+    _refused(run_inproc("image", "verify", tmp / "base"), expect)
 
 
 @pytest.mark.parametrize("what", ["missing", "empty dir", "not a tar", "bad index"])
-def test_not_an_image(overlay_world, run_cli, what):
+def test_not_an_image(overlay_world, run_inproc, what):
     tmp, src, overlay = overlay_world
     base = tmp / "base"
     if what == "empty dir":
@@ -105,7 +105,7 @@ def test_not_an_image(overlay_world, run_cli, what):
     elif what == "bad index":
         fx.write_base(base)
         (base / "index.json").write_text("{nope")
-    proc = run_cli("image", "build", "--base", base, "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
+    proc = run_inproc("image", "build", "--base", base, "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
     _refused(proc, "")
     assert not (tmp / "out").exists()
 
@@ -117,21 +117,21 @@ def test_not_an_image(overlay_world, run_cli, what):
     (lambda t: t.replace('dest = "model_executor/models/qwen3_dflash2.py"', 'dest = "../../../../etc/x"'), "relative path inside"),
     (lambda t: t + "\n[[[", "not valid TOML"),
 ])
-def test_bad_overlay_toml(overlay_world, run_cli, edit, expect):
+def test_bad_overlay_toml(overlay_world, run_inproc, edit, expect):
     tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     toml = overlay / "overlay.toml"
     toml.write_text(edit(toml.read_text()))
-    proc = run_cli("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
+    proc = run_inproc("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
     _refused(proc, expect)
 
 
-def test_step_placeholder_cannot_escape_the_vllm_root(overlay_world, run_cli):
+def test_step_placeholder_cannot_escape_the_vllm_root(overlay_world, run_inproc):
     tmp, src, overlay = overlay_world
     fx.write_base(tmp / "base")
     toml = overlay / "overlay.toml"
     toml.write_text(toml.read_text().replace("{file:v1/core/kv_cache_utils.py}", "{file:../../../../../etc/passwd}"))
-    proc = run_cli("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
+    proc = run_inproc("image", "build", "--base", tmp / "base", "--overlay", overlay, "--overlay-src", src, "--out", tmp / "out")
     _refused(proc, "relative path inside")
 
 

@@ -24,9 +24,9 @@ def faults(tmp_path):
     return config, env
 
 
-def test_stop_with_nothing_reachable_says_so_and_prints_the_manual_commands(faults, run_cli):
+def test_stop_with_nothing_reachable_says_so_and_prints_the_manual_commands(faults, run_inproc):
     config, env = faults
-    proc = run_cli("launch", "stop", "--ssh-config", config, env=env)
+    proc = run_inproc("launch", "stop", "--ssh-config", config, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "not there" not in proc.stdout and "removed" not in proc.stdout
     assert proc.stdout.count("could not reach") == 2, proc.stdout
@@ -35,35 +35,35 @@ def test_stop_with_nothing_reachable_says_so_and_prints_the_manual_commands(faul
     assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("sparkstack: error: ")
 
 
-def test_stop_of_one_rank_touches_that_rank_only(faults, run_cli):
+def test_stop_of_one_rank_touches_that_rank_only(faults, run_inproc):
     config, env = faults
-    proc = run_cli("launch", "1", "stop", "--ssh-config", config, env=env)
+    proc = run_inproc("launch", "1", "stop", "--ssh-config", config, env=env)
     assert proc.returncode == 1
     assert "rank 1 on user@worker-node: could not reach" in proc.stdout and "rank 0" not in proc.stdout + proc.stderr
-    dry = run_cli("launch", "1", "stop", "--dry-run", "--json", "--ssh-config", config, env=env, check=0)
+    dry = run_inproc("launch", "1", "stop", "--dry-run", "--json", "--ssh-config", config, env=env, check=0)
     assert [step["rank"] for step in json.loads(dry.stdout)["would_run"]] == [1]
 
 
-def test_status_says_could_not_reach_and_fails(faults, run_cli):
+def test_status_says_could_not_reach_and_fails(faults, run_inproc):
     config, env = faults
-    proc = run_cli("launch", "status", "--json", "--ssh-config", config, env=env)
+    proc = run_inproc("launch", "status", "--json", "--ssh-config", config, env=env)
     assert proc.returncode == 1
     states = [row["state"] for row in json.loads(proc.stdout)["ranks"]]
     assert all(s.startswith("could not reach") for s in states), states
 
 
-def test_probe_says_unreachable_not_absent(faults, run_cli):
+def test_probe_says_unreachable_not_absent(faults, run_inproc):
     config, env = faults
-    proc = run_cli("launch", "all", "--dry-run", "--probe", "--ssh-config", config, env=env)
+    proc = run_inproc("launch", "all", "--dry-run", "--probe", "--ssh-config", config, env=env)
     text = proc.stdout + proc.stderr
     assert "local unreachable" in text and "user@worker-node unreachable" in text
     assert "is not present" not in text
 
 
 @pytest.mark.parametrize("words", [["stop", "stop"], ["status", "stop"], ["0", "status"], ["2", "stop"]])
-def test_a_bad_target_and_action_is_one_usage_line(faults, run_cli, words):
+def test_a_bad_target_and_action_is_one_usage_line(faults, run_inproc, words):
     config, env = faults
-    proc = run_cli("launch", *words, env=env)
+    proc = run_inproc("launch", *words, env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 

@@ -78,12 +78,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_recipe(tmp_path, run_cli, case):
+def test_bad_recipe(tmp_path, run_inproc, case):
     edit, expect = CASES[case]
     path = tmp_path / "recipe.toml"
     path.write_text(edit(BASE.read_text()))
     for target in ("all", "0"):
-        proc = run_cli("launch", target, "--recipe", path, "--dry-run", "--json")
+        proc = run_inproc("launch", target, "--recipe", path, "--dry-run", "--json")
         assert proc.returncode == 1, proc.stdout
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sparkstack: error: "), proc.stderr
         assert expect in proc.stderr and "Traceback" not in proc.stderr
@@ -97,13 +97,13 @@ def test_bad_recipe(tmp_path, run_cli, case):
      "note: the recipe's args say --tensor-parallel-size '4'; launch sets --tensor-parallel-size '2' from the recipe's "
      "tensor_parallel_size (remove it from args)"),
 ])
-def test_a_flag_launch_writes_itself_is_overruled_in_a_note_not_silently(tmp_path, run_cli, edit, note):
+def test_a_flag_launch_writes_itself_is_overruled_in_a_note_not_silently(tmp_path, run_inproc, edit, note):
     path = tmp_path / "recipe.toml"
     path.write_text(BASE.read_text().replace('"--max-num-seqs", "6"', edit))
-    proc = run_cli("launch", "all", "--recipe", path, "--dry-run", env={"API_PORT": "8888"})
+    proc = run_inproc("launch", "all", "--recipe", path, "--dry-run", env={"API_PORT": "8888"})
     assert note in proc.stdout, proc.stdout + proc.stderr
     flag = note.split("say ")[1].split(" ")[0]
-    doc = json.loads(run_cli("launch", "all", "--recipe", path, "--dry-run", "--json", env={"API_PORT": "8888"}).stdout)
+    doc = json.loads(run_inproc("launch", "all", "--recipe", path, "--dry-run", "--json", env={"API_PORT": "8888"}).stdout)
     assert note.removeprefix("note: ") in doc["notes"]
     for rank in doc["ranks"]:
         assert rank["engine_argv"].count(flag) == 1  # launch's own copy only
@@ -118,10 +118,10 @@ def test_clock_cap_is_written_without_leading_zeros(tmp_path):
     assert load_recipe(str(recipe)).clock_cap == "100,2000"
 
 
-def test_bad_knob_values(tmp_path, run_cli):
+def test_bad_knob_values(tmp_path, run_inproc):
     for env, expect in (({"API_PORT": "88a8"}, "not a port"), ({"EAGER": "yes"}, "expected 0 or 1"),
                         ({"NUM_SPEC_TOKENS": "four"}, "not a whole number")):
-        proc = run_cli("launch", "all", "--dry-run", "--json", env=env)
+        proc = run_inproc("launch", "all", "--dry-run", "--json", env=env)
         assert proc.returncode == 1 and expect in proc.stderr and proc.stderr.count("\n") == 1
 
 
@@ -129,12 +129,12 @@ def test_bad_knob_values(tmp_path, run_cli):
 SSH_META = "me@host;rm${IFS}-rf${IFS}/;`id`"
 
 
-def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_cli):
+def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_inproc):
     nasty = "x; touch /tmp/pwned-$(id -u) | cat `uname` && echo '\"$HOME\""
     path = tmp_path / "recipe.toml"
     text = BASE.read_text().replace('"--reasoning-parser", "glm45"', f'"--reasoning-parser", {json.dumps(nasty)}')
     path.write_text(text)
-    doc = json.loads(run_cli("launch", "1", "--recipe", path, "--dry-run", "--json",
+    doc = json.loads(run_inproc("launch", "1", "--recipe", path, "--dry-run", "--json",
                              env={"SERVED_NAME": "a b;c$(d)", "WORKER_SSH": SSH_META}, check=PLANNED).stdout)
     argv = doc["docker_run"]
     assert argv[argv.index("--reasoning-parser") + 1] == nasty
@@ -148,11 +148,11 @@ def test_shell_metacharacters_stay_literal_argv_elements(tmp_path, run_cli):
     assert shlex.split(wire[-1]) == argv
 
 
-def test_unknown_target_is_a_usage_error(run_cli):
-    assert run_cli("launch", "seven", "--dry-run").returncode == 2
-    assert run_cli("launch", "5", "--dry-run").returncode == 2
+def test_unknown_target_is_a_usage_error(run_inproc):
+    assert run_inproc("launch", "seven", "--dry-run").returncode == 2
+    assert run_inproc("launch", "5", "--dry-run").returncode == 2
 
 
-def test_missing_recipe(run_cli):
-    proc = run_cli("launch", "all", "--recipe", "no-such-recipe", "--dry-run")
+def test_missing_recipe(run_inproc):
+    proc = run_inproc("launch", "all", "--recipe", "no-such-recipe", "--dry-run")
     assert proc.returncode == 1 and "no recipe 'no-such-recipe'" in proc.stderr

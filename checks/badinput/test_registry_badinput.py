@@ -36,20 +36,20 @@ def check_one_line(proc, phrase: str) -> None:
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_hostile_answer_to_pin_base(fixture, tmp_path, run_cli, fault):
+def test_hostile_answer_to_pin_base(fixture, tmp_path, run_inproc, fault):
     repos, served = fixture
     pins = tmp_path / "pins.json"
     with Standin(repos) as standin:
         standin.faults.add(fault)
         standin.hang_s = 4
-        proc = run_cli("pin", "base", f"ghcr.io/{served.repo}:{served.tag}", "--pins", pins,
+        proc = run_inproc("pin", "base", f"ghcr.io/{served.repo}:{served.tag}", "--pins", pins,
                        env={"SPARKSTACK_REGISTRY_MIRROR": standin.url, "SPARKSTACK_REGISTRY_TIMEOUT": "1"})
     check_one_line(proc, FAULTS[fault])
     assert not pins.exists() and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("fault", ["corrupt-blob", "redirect-loop", "token-error", "deny", "hang"])
-def test_hostile_answer_to_pin_fetch(fixture, tmp_path, run_cli, fault):
+def test_hostile_answer_to_pin_fetch(fixture, tmp_path, run_inproc, fault):
     repos, served = fixture
     arm = served.platforms["linux/arm64"]
     pins = tmp_path / "pins.json"
@@ -67,32 +67,32 @@ def test_hostile_answer_to_pin_fetch(fixture, tmp_path, run_cli, fault):
     with Standin(repos) as standin:
         standin.faults.add(fault)
         standin.hang_s = 4
-        proc = run_cli("pin", "fetch", target, "--pins", pins, "--out", out,
+        proc = run_inproc("pin", "fetch", target, "--pins", pins, "--out", out,
                        env={"SPARKSTACK_REGISTRY_MIRROR": standin.url, "SPARKSTACK_REGISTRY_TIMEOUT": "1"})
     check_one_line(proc, FAULTS[fault])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pins.json"]  # nothing at --out, no partial file
 
 
-def test_connection_refused(tmp_path, run_cli):
+def test_connection_refused(tmp_path, run_inproc):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    proc = run_cli("pin", "base", "ghcr.io/a/b:c", "--pins", tmp_path / "pins.json",
+    proc = run_inproc("pin", "base", "ghcr.io/a/b:c", "--pins", tmp_path / "pins.json",
                    env={"SPARKSTACK_REGISTRY_MIRROR": f"http://127.0.0.1:{port}"})
     check_one_line(proc, "Connection refused")
 
 
 @pytest.mark.parametrize("mirror", ["ftp://example.invalid", "127.0.0.1:5000", "http://"])
-def test_a_bad_mirror_url_is_one_line(tmp_path, run_cli, mirror):
-    proc = run_cli("pin", "base", "ghcr.io/a/b:c", "--pins", tmp_path / "pins.json",
+def test_a_bad_mirror_url_is_one_line(tmp_path, run_inproc, mirror):
+    proc = run_inproc("pin", "base", "ghcr.io/a/b:c", "--pins", tmp_path / "pins.json",
                    env={"SPARKSTACK_REGISTRY_MIRROR": mirror})
     check_one_line(proc, "SPARKSTACK_REGISTRY_MIRROR")
 
 
 @pytest.mark.parametrize("ref", ["ghcr.io/UPPER/case:tag", "ghcr.io/a/b:bad tag", "ghcr.io/a/b@sha256:1234", "ghcr.io/:x"])
-def test_a_bad_reference_is_a_usage_error(tmp_path, run_cli, ref):
-    proc = run_cli("pin", "base", ref, "--pins", tmp_path / "pins.json")
+def test_a_bad_reference_is_a_usage_error(tmp_path, run_inproc, ref):
+    proc = run_inproc("pin", "base", ref, "--pins", tmp_path / "pins.json")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -100,20 +100,20 @@ def test_a_bad_reference_is_a_usage_error(tmp_path, run_cli, ref):
     (["--platform", "linux"], "os/arch"),
     (["--platform", "Linux/ARM64"], "os/arch"),
 ])
-def test_a_bad_platform_is_a_usage_error(tmp_path, run_cli, args, phrase):
-    proc = run_cli("pin", "base", "ghcr.io/a/b:c", "--pins", tmp_path / "pins.json", *args)
+def test_a_bad_platform_is_a_usage_error(tmp_path, run_inproc, args, phrase):
+    proc = run_inproc("pin", "base", "ghcr.io/a/b:c", "--pins", tmp_path / "pins.json", *args)
     assert proc.returncode == 2 and phrase in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("digest, code", [("sha256:xyz", 2), ("md5:" + "0" * 32, 2)])
-def test_fetch_of_a_malformed_digest(tmp_path, run_cli, digest, code):
+def test_fetch_of_a_malformed_digest(tmp_path, run_inproc, digest, code):
     (tmp_path / "pins.json").write_text("{}")
-    proc = run_cli("pin", "fetch", digest, "--pins", tmp_path / "pins.json", "--out", tmp_path / "o")
+    proc = run_inproc("pin", "fetch", digest, "--pins", tmp_path / "pins.json", "--out", tmp_path / "o")
     assert proc.returncode == code and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.parametrize("content", ["", "{", '{"reference": 1}', "[]"])
-def test_fetch_from_a_broken_pins_file(tmp_path, run_cli, content):
+def test_fetch_from_a_broken_pins_file(tmp_path, run_inproc, content):
     (tmp_path / "pins.json").write_text(content)
-    proc = run_cli("pin", "fetch", "sha256:" + "0" * 64, "--pins", tmp_path / "pins.json", "--out", tmp_path / "o")
+    proc = run_inproc("pin", "fetch", "sha256:" + "0" * 64, "--pins", tmp_path / "pins.json", "--out", tmp_path / "o")
     check_one_line(proc, "not a sparkstack pins file")

@@ -95,17 +95,17 @@ def _assert_clean_failure(proc, expect: str):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("layout", ["flat", "cache"])
-def test_bad_input_is_refused_cleanly(tmp_path, run_cli, case, layout):
+def test_bad_input_is_refused_cleanly(tmp_path, run_inproc, case, layout):
     make, expect = CASES[case]
     flat = tmp_path / "model"
     synth.write_model_dir(flat)
     make(flat)
     src = synth.cache_from_dir(flat, tmp_path / "hub") if layout == "cache" else flat
     before = synth.tree_digest(tmp_path)
-    proc = run_cli("strip", src)
+    proc = run_inproc("strip", src)
     _assert_clean_failure(proc, expect)
     assert synth.tree_digest(tmp_path) == before  # nothing written anywhere, staging included
-    _assert_clean_failure(run_cli("strip", src, "--dry-run", "--json"), expect)
+    _assert_clean_failure(run_inproc("strip", src, "--dry-run", "--json"), expect)
 
 
 # ---------------------------------------------------------------- hostile values (Hardening II)
@@ -298,19 +298,19 @@ def _assert_one_line_naming(proc, expects: tuple[str, ...]):
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 @pytest.mark.parametrize("layout", ["flat", "cache"])
-def test_hostile_value_gets_one_clear_line(tmp_path, run_cli, case, layout):
+def test_hostile_value_gets_one_clear_line(tmp_path, run_inproc, case, layout):
     make, expects = HOSTILE[case]
     flat = tmp_path / "model"
     synth.write_model_dir(flat)
     make(flat)
     src = synth.cache_from_dir(flat, tmp_path / "hub") if layout == "cache" else flat
     before = synth.tree_digest(tmp_path)
-    _assert_one_line_naming(run_cli("strip", src), expects)
+    _assert_one_line_naming(run_inproc("strip", src), expects)
     assert synth.tree_digest(tmp_path) == before  # nothing written anywhere, staging and lock file included
 
 
 @pytest.mark.parametrize("what", ["empty dir", "missing", "a file", "entry without refs", "refs/main escapes"])
-def test_src_that_is_not_a_model(tmp_path, run_cli, what):
+def test_src_that_is_not_a_model(tmp_path, run_inproc, what):
     src = tmp_path / "x"
     if what == "empty dir":
         src.mkdir()
@@ -325,22 +325,22 @@ def test_src_that_is_not_a_model(tmp_path, run_cli, what):
         src = synth.cache_from_dir(flat, tmp_path / "hub")
         (src / "refs" / "main").write_text("../../../model")
     before = synth.tree_digest(tmp_path)
-    proc = run_cli("strip", src)
+    proc = run_inproc("strip", src)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("sparkstack: error: ") and "Traceback" not in proc.stderr
     assert synth.tree_digest(tmp_path) == before
 
 
-def test_out_inside_source_is_refused(tmp_path, run_cli):
+def test_out_inside_source_is_refused(tmp_path, run_inproc):
     flat = tmp_path / "model"
     synth.write_model_dir(flat)
     before = synth.tree_digest(flat)
-    _assert_clean_failure(run_cli("strip", flat, "--out", flat / "sub"), "overlap")
-    _assert_clean_failure(run_cli("strip", flat, "--out", flat), "overlap")
+    _assert_clean_failure(run_inproc("strip", flat, "--out", flat / "sub"), "overlap")
+    _assert_clean_failure(run_inproc("strip", flat, "--out", flat), "overlap")
     assert synth.tree_digest(flat) == before
 
 
-def test_config_without_layer_info_falls_back_to_45_with_warning(tmp_path, run_cli):
+def test_config_without_layer_info_falls_back_to_45_with_warning(tmp_path, run_inproc):
     import torch
     shards = {"model.safetensors": [
         synth.Spec("model.layers.44.w", torch.float32, (2,), False),
@@ -349,12 +349,12 @@ def test_config_without_layer_info_falls_back_to_45_with_warning(tmp_path, run_c
     ]}
     flat = tmp_path / "model"
     synth.write_model_dir(flat, shards=shards, config={"architectures": ["X"]}, index=False)
-    proc = run_cli("strip", flat, check=0)
+    proc = run_inproc("strip", flat, check=0)
     assert "sparkstack: warning:" in proc.stderr and "45" in proc.stderr
     from safetensors.torch import load_file
     assert set(load_file(str(tmp_path / "model-no-MTP" / "model.safetensors"))) == {"model.layers.44.w", "model.layers.3.w"}
 
 
-def test_usage_error_exits_2(run_cli):
-    proc = run_cli("strip")
+def test_usage_error_exits_2(run_inproc):
+    proc = run_inproc("strip")
     assert proc.returncode == 2

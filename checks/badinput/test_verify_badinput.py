@@ -25,10 +25,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("args", BAD, ids=[" ".join(a)[:40] or "no-url" for a in BAD])
-def test_bad_command_lines_are_one_line_and_send_nothing(run_cli, args):
+def test_bad_command_lines_are_one_line_and_send_nothing(run_inproc, args):
     with serving() as engine:
-        proc = run_cli("verify", *[a.replace("{url}", engine.url) for a in args], "--dry-run" if args else "--json")
-        proc_real = run_cli("verify", *[a.replace("{url}", engine.url) for a in args])
+        proc = run_inproc("verify", *[a.replace("{url}", engine.url) for a in args], "--dry-run" if args else "--json")
+        proc_real = run_inproc("verify", *[a.replace("{url}", engine.url) for a in args])
         assert engine.requests_seen == []
     for p in (proc, proc_real):
         assert p.returncode == 2, (p.stdout, p.stderr)
