@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+GIB = 1 << 30  # one binary gigabyte: what vLLM and the kernel's meminfo figures are counted in
+
 
 def finite(value: float | None) -> float | None:
     """The value, or None when it is missing or not finite (NaN, Inf): a figure that cannot be shown."""

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from sparkstack.errors import SparkstackError
 from sparkstack.launch.kv import argv_kv_bytes
-from sparkstack.launch.timeline import GIB, message, parse_rank, split_stamp
+from sparkstack.launch.timeline import message, parse_rank, split_stamp
+from sparkstack.units import GIB
 from sparkstack.recipe import KvBoot
 from sparkstack.recipe.kv import KvPlan
 

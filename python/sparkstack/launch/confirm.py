@@ -21,9 +21,9 @@ from sparkstack.launch.kv import kv_inputs, plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan
 from sparkstack.recipe.kv import KvPlan
 from sparkstack.launch.timeline import message, split_stamp
+from sparkstack.units import GIB
 
 _BY_KEY = {c.key: c for c in CONFIRM}
-GIB = 2**30
 KV_GIB_WITHIN = 0.01  # the pool's GiB against the pin: vLLM prints two decimals of it
 
 

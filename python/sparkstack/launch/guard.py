@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from sparkstack.errors import SparkstackError
 from sparkstack.remote import Runner, failure_line
-from sparkstack.tune.facts import GIB, read_meminfo
+from sparkstack.tune.facts import read_meminfo
+from sparkstack.units import GIB
 from sparkstack.tune.pagecache import drop_page_cache
 
 COMPACT = ("sysctl", "-w", "vm.compact_memory=1")

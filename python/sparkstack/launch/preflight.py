@@ -30,7 +30,8 @@ from sparkstack.recipe import KNOB_DEFAULTS
 from sparkstack.remote import UNREACHABLE, Runner, docker_answer, failure_line, unreachable_reason
 from sparkstack.safetensors_header import read_header
 from sparkstack.strip.mtp import mtp_keys, mtp_levels_left, num_hidden_layers
-from sparkstack.tune.facts import GIB, HostFacts, read_facts
+from sparkstack.tune.facts import HostFacts, read_facts
+from sparkstack.units import GIB
 
 CHAT_TEMPLATE = "chat_template_mm.jinja"
 # Runtime gates when the image carries none in its labels: the overlay's build gates (overlays/dflash2/overlay.toml).

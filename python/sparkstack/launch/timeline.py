@@ -10,8 +10,8 @@ from datetime import datetime
 from sparkstack.launch.bootlines import BOOT_LINES, PHASES, BootLine
 from sparkstack.launch.kv import plan_launch_kv
 from sparkstack.launch.plan import LaunchPlan
+from sparkstack.units import GIB
 
-GIB = 1 << 30
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM's prefix: an optional `(Worker_TP0 pid=312) `, then `INFO 05-01 10:00:12 [file.py:N] ` (older builds

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from sparkstack.remote import Runner, failure_line
 
-GIB = 1 << 30
 # 'zz-' sorts after every numbered file, Debian's 99-sysctl.conf (-> ../sysctl.conf) included: read last.
 SYSCTL_FILE = "etc/sysctl.d/zz-sparkstack-tune.conf"
 # systemd-sysctl's directories, in precedence order: a name in an earlier one hides the same name later.

@@ -14,7 +14,8 @@ from pathlib import Path
 from sparkstack.deploy import Deployment, runner_for, select_ranks
 from sparkstack.remote import Runner
 from sparkstack.tune import facts as hostfacts
-from sparkstack.tune.facts import GIB, WRITTEN_BY, HostFacts
+from sparkstack.tune.facts import WRITTEN_BY, HostFacts
+from sparkstack.units import GIB
 from sparkstack.tune.pagecache import DROP_CACHES
 
 PAGE_CACHE_DROP_BYTES = 2 * GIB  # less than this in the page cache is not worth a drop
