@@ -32,6 +32,16 @@ USAGE_ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("typo,meant", [(["lanch", "0"], "launch"), (["fetc"], "fetch"), (["stirp"], "strip"),
+                                        (["image", "buidl"], "build"), (["plan", "kvv"], "kv")])
+def test_a_mistyped_command_is_told_the_command_it_is_near(typo, meant):
+    # In a fresh process, as a user types it: no command is loaded yet, and click alone would suggest only
+    # from the loaded ones (the lazy table's commands were never named).
+    proc = subprocess.run(sparkstack_cmd() + typo, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"'{meant}'" in proc.stderr.split("No such command", 1)[1], proc.stderr
+
+
 @pytest.mark.parametrize("args,env", USAGE_ERRORS, ids=[" ".join(a)[:40] for a, _ in USAGE_ERRORS])
 def test_usage_errors_are_one_line_and_exit_2(run_inproc, args, env):
     proc = run_inproc(*args, env=env)

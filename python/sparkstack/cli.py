@@ -242,6 +242,13 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted({*super().list_commands(ctx), *self.lazy})
 
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:  # click suggests from the commands loaded so far: all of them
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx),
+                                                 ctx=ctx) from None
+
     def get_command(self, ctx, name):
         if name in self.lazy and name not in self.commands:
             self.add_command(self.lazy[name].load(name), name)
