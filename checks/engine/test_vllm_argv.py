@@ -151,12 +151,44 @@ def test_vllm_refuses_in_one_line_naming_the_option(verdicts, case):
     assert code == 1 and "\n" not in line and REFUSED[case][1] in line, (code, line)
 
 
-def test_the_gate_script_as_preflight_runs_it(tmp_path):
-    """`python3 -c ARGV_GATE ARGV...`, exactly as the container runs it: exit 1 and one line on stdout."""
-    argv, word = REFUSED["abbreviation"]
-    proc = subprocess.run([vllm_python(), "-c", ARGV_GATE, *argv], capture_output=True, text=True, timeout=900,
-                          env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 1 and len(proc.stdout.strip().splitlines()) == 1 and word in proc.stdout, proc
+class VllmAsImage:
+    """A runner whose `docker run ... --entrypoint python3 IMAGE ARGS...` is the real vLLM's python with ARGS: the
+    gates' container, minus the container."""
+
+    label = "the real vLLM's python"
+
+    def __init__(self):
+        self.calls = []
+
+    def run_docker(self, *args, timeout=120, env=None):
+        self.calls.append(args)
+        assert args[:6] == ("run", "--rm", "--network", "none", "--entrypoint", "python3"), args
+        return subprocess.run([vllm_python(), *args[7:]], capture_output=True, text=True, timeout=900,
+                              env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_gates_batch_as_preflight_runs_it():
+    """preflight.run_gates as launch runs it (`python3 -c ARGV_GATE --sparkstack-gates SPEC`, one vLLM import):
+    each argv judged, each runtime gate answered, in one process of the real vLLM."""
+    from sparkstack.launch.preflight import argv_gate_argv, run_gates
+
+    class Rank:
+        def __init__(self, argv):
+            self.engine_argv = tuple(argv)
+
+    good, bad = argv_gate_argv(Rank(BASE)), argv_gate_argv(Rank(REFUSED["abbreviation"][0]))
+    gates = [("python3", "-c", "import vllm; print(vllm.__version__)"),
+             ("python3", "-c", "from vllm.model_executor.models.registry import ModelRegistry; "
+                               "assert 'NoSuchArch' in ModelRegistry.get_supported_archs(), 'no NoSuchArch'"),
+             ("sh", "-c", "exit 4")]
+    runner = VllmAsImage()
+    ran = run_gates(runner, "image", [good, bad, *gates], None, None)
+    assert len(runner.calls) == 1
+    assert ran[good][0] == 0 and ran[good][1].startswith("vLLM accepts the argv"), ran[good]
+    assert ran[bad][0] == 1 and REFUSED["abbreviation"][1] in ran[bad][1] and ran[bad][1].count("\n") == 1
+    assert ran[gates[0]] == (0, "0.32.0\n", ""), ran[gates[0]]
+    assert ran[gates[1]][0] == 1 and ran[gates[1]][2].strip().endswith("AssertionError: no NoSuchArch")
+    assert ran[gates[2]][0] == 4
 
 
 def test_the_recorded_flags_are_the_pinned_vllms_own(judged):

@@ -14,7 +14,7 @@ import hostfix
 import standins
 from clirun import assert_planned, sparkstack_cmd
 from sparkstack.launch.plan import plan_launch_from_recipe
-from sparkstack.launch.preflight import ARGV_GATE, INSTANTTENSOR_GATES, gate_checks
+from sparkstack.launch.preflight import ARGV_GATE, DEFAULT_GATES, INSTANTTENSOR_GATES, gate_checks
 from sparkstack.recipe import load_recipe
 from sparkstack.remote import Runner
 
@@ -50,15 +50,19 @@ def gate_runs(calls):
 def test_launch_runs_the_gates_before_any_rank_starts_unless_told_not_to(launch_world):
     proc, calls = launch_calls(launch_world)
     gates = gate_runs(calls)
-    # The argv gate once per rank, then the image's three default runtime gates: each in a throwaway container.
-    assert [c[c.index("-c") + 1] == ARGV_GATE for c in gates] == [True, True, False, False, False], gates
+    # The argv gate for each rank and the image's three default runtime gates: all in one throwaway container, one
+    # python (its vLLM imported once).
+    (batch,) = gates
+    assert batch[batch.index("-c") + 1] == ARGV_GATE, batch
+    spec = json.loads(batch[batch.index("--sparkstack-gates") + 1])
+    assert (len(spec["argvs"]), spec["gates"]) == (2, [list(g) for g in DEFAULT_GATES]), spec
     first_start = next(i for i, c in enumerate(calls) if "run" in c and "-d" in c)
-    assert calls.index(gates[-1]) < first_start  # before the boot, not after it
+    assert calls.index(batch) < first_start  # before the boot, not after it
     proc, calls = launch_calls(launch_world)  # the same image and gate argvs: the passes are remembered
     assert gate_runs(calls) == [], gate_runs(calls)
     shutil.rmtree(launch_world[0] / "state" / "gates")  # forgotten: they run again
     proc, calls = launch_calls(launch_world, "--gates")  # still accepted: what users already type
-    assert len(gate_runs(calls)) == 5
+    assert len(gate_runs(calls)) == 1
     proc, calls = launch_calls(launch_world, "--no-gates")
     assert gate_runs(calls) == [] and any("run" in c and "-d" in c for c in calls)
 
@@ -100,8 +104,8 @@ def test_instanttensor_loads_get_the_nccl_pin_and_the_import_gate(tmp_path):
     finally:
         os.environ.clear()
         os.environ.update(old)
-    ran = [c[c.index("--entrypoint") + 2:] for c in standins.recorded(tmp_path / "calls.jsonl") if "--entrypoint" in c]
-    codes = [c[-1] for c in ran]
+    (batch,) = [c for c in standins.recorded(tmp_path / "calls.jsonl") if "--sparkstack-gates" in c]
+    codes = [g[-1] for g in json.loads(batch[batch.index("--sparkstack-gates") + 1])["gates"]]
     assert any("'nvidia-nccl-cu13'" in code and "'2.30.7'" in code for code in codes)
     assert "import instanttensor" in codes and len(checks) == 5
     plain = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})

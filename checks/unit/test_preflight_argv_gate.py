@@ -1,7 +1,9 @@
-"""Preflight's vLLM argv gate (under --gates): every rank's engine argv goes to the image's python as
-`python3 -c ARGV_GATE ARGV...` in a throwaway container, its one line becomes the check. The script itself is judged
+"""Preflight's vLLM argv gate (under --gates): every rank's engine argv goes to the image's python, judged by
+ARGV_GATE in a throwaway container, and its one line becomes the check. Every gate of a launch that is not cached
+runs in that one container, one python process (`-c ARGV_GATE --sparkstack-gates SPEC`). The script itself is judged
 against the real vLLM in checks/engine/test_vllm_argv.py, and run through a real dockerd in the lab."""
 
+import json
 import subprocess
 
 from sparkstack.launch.plan import plan_launch_from_recipe
@@ -9,8 +11,14 @@ from sparkstack.launch.preflight import ARGV_GATE, argv_gate_checks
 from sparkstack.recipe import load_recipe
 
 
+def batch_spec(call: list[str]) -> dict:
+    """What one gates container was asked: {"argvs": [engine argv, ...], "gates": [gate argv, ...]}."""
+    return json.loads(call[call.index("--sparkstack-gates") + 1])
+
+
 class Docker:
-    """Answers `docker run` as the gate would: exit 1 with a refusal for rank 1, a pass for rank 0."""
+    """Answers the gates' container as the batch would: rank 1's argv refused (exit 1), rank 0's passed, every
+    runtime gate passed; the image's gates label empty (the default gates)."""
 
     label = "head"
 
@@ -19,9 +27,13 @@ class Docker:
 
     def run_docker(self, *args, timeout=120, env=None):
         self.calls.append(list(args))
-        if "--headless" in args:
-            return subprocess.CompletedProcess(args, 1, "unrecognized arguments: --headless\n", "")
-        return subprocess.CompletedProcess(args, 0, "vLLM accepts the argv (40 arguments)\n", "")
+        if args[0] == "image":
+            return subprocess.CompletedProcess(args, 0, "\n", "")
+        spec = batch_spec(list(args))
+        said = {"argvs": [[1, "unrecognized arguments: --headless"] if "--headless" in a
+                          else [0, "vLLM accepts the argv (40 arguments)"] for a in spec["argvs"]],
+                "gates": [[0, "ok\n", ""] for _ in spec["gates"]]}
+        return subprocess.CompletedProcess(args, 0, "a warning vLLM printed\nsparkstack-gates: " + json.dumps(said) + "\n", "")
 
 
 def test_each_rank_argv_is_judged_in_the_image(tmp_path):
@@ -29,9 +41,10 @@ def test_each_rank_argv_is_judged_in_the_image(tmp_path):
     docker = Docker()
     checks = argv_gate_checks(plan, docker)
     assert [c.rank for c in checks] == [0, 1]
-    for call, rank in zip(docker.calls, plan.ranks):
-        assert call[:7] == ["run", "--rm", "--network", "none", "--entrypoint", "python3", plan.image]
-        assert call[7:9] == ["-c", ARGV_GATE] and call[9:] == list(rank.engine_argv)
+    (call,) = docker.calls  # one container judges both ranks
+    assert call[:7] == ["run", "--rm", "--network", "none", "--entrypoint", "python3", plan.image]
+    assert call[7:10] == ["-c", ARGV_GATE, "--sparkstack-gates"] and len(call) == 11
+    assert batch_spec(call) == {"argvs": [list(rank.engine_argv) for rank in plan.ranks], "gates": []}
     assert [(c.status, c.detail) for c in checks] == [("pass", "vLLM accepts the argv (40 arguments)"),
                                                      ("fail", "unrecognized arguments: --headless")]
 
@@ -72,19 +85,15 @@ def test_an_unchanged_relaunch_skips_the_gates_that_passed_and_says_so(tmp_path)
     assert [c.status for c in argv_gate_checks(plan, first, IMAGE_ID, cache)] == ["pass", "fail"]
     checks = argv_gate_checks(plan, again, IMAGE_ID, cache)
     # rank 0 passed: not asked again; rank 1 failed: asked again, and fails again
-    assert [c[9:] for c in again.calls] == [list(plan.ranks[1].engine_argv)]
+    assert [batch_spec(c)["argvs"] for c in again.calls] == [[list(plan.ranks[1].engine_argv)]]
     assert checks[0].status == "pass" and checks[0].detail.startswith("vLLM accepts the argv (40 arguments) (cached: ")
     assert IMAGE_ID[:19] in checks[0].detail and checks[1].status == "fail"
 
-    class Unlabelled(Docker):  # no gates label: the default runtime gates run, and pass
-        def run_docker(self, *args, timeout=120, env=None):
-            self.calls.append(list(args))
-            return subprocess.CompletedProcess(args, 0, "\n" if args[0] == "image" else "ok\n", "")
-
-    ran = Unlabelled()
+    ran = Docker()  # no gates label: the default runtime gates run, all in one container, and pass
     runtime = gate_checks(plan, ran, IMAGE_ID, cache)
-    assert runtime and {c.status for c in runtime} == {"pass"} and sum(c[0] == "run" for c in ran.calls) == len(runtime)
-    rerun = Unlabelled()
+    assert len(runtime) == 3 and {c.status for c in runtime} == {"pass"}
+    assert [len(batch_spec(c)["gates"]) for c in ran.calls if c[0] == "run"] == [3]
+    rerun = Docker()
     assert [c.status for c in gate_checks(plan, rerun, IMAGE_ID, cache)] == ["pass"] * len(runtime)
     assert [c[0] for c in rerun.calls] == ["image"]  # only the label is read again
 
@@ -97,14 +106,14 @@ def test_another_image_or_argv_runs_the_gate_again(tmp_path):
     argv_gate_checks(plan, Docker(), IMAGE_ID, cache)
     other_image = Docker()
     argv_gate_checks(plan, other_image, "sha256:" + "cd" * 32, cache)
-    assert len(other_image.calls) == 2
+    assert [len(batch_spec(c)["argvs"]) for c in other_image.calls] == [2]
     longer = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path), "MAX_MODEL_LEN": "131072"})
     other_argv = Docker()
     argv_gate_checks(longer, other_argv, IMAGE_ID, cache)
-    assert len(other_argv.calls) == 2
+    assert [len(batch_spec(c)["argvs"]) for c in other_argv.calls] == [2]
     no_id = Docker()  # the image's id unknown: nothing to key a pass by
     argv_gate_checks(plan, no_id, None, cache)
-    assert len(no_id.calls) == 2
+    assert [len(batch_spec(c)["argvs"]) for c in no_id.calls] == [2]
 
 
 def test_a_mangled_or_unwritable_cache_only_costs_a_rerun(tmp_path):
@@ -116,8 +125,98 @@ def test_a_mangled_or_unwritable_cache_only_costs_a_rerun(tmp_path):
     for record in (tmp_path / "gates").iterdir():
         record.write_text("{not json")
     mangled = Docker()
-    assert argv_gate_checks(plan, mangled, IMAGE_ID, cache)[0].status == "pass" and len(mangled.calls) == 2
+    assert argv_gate_checks(plan, mangled, IMAGE_ID, cache)[0].status == "pass"
+    assert [len(batch_spec(c)["argvs"]) for c in mangled.calls] == [2]
     blocked = tmp_path / "file"
     blocked.write_text("")
     unwritable = GateCache(blocked / "gates")  # a file where its dir would go
     assert [c.status for c in argv_gate_checks(plan, Docker(), IMAGE_ID, unwritable)] == ["pass", "fail"]
+
+
+# ---- the batch: every gate in one python process, each answered as `python3 -c CODE` alone would answer it
+
+GATE_CODES = [
+    "print('fine')",
+    "import sys; sys.exit(3)",
+    "assert 1 == 2, 'one is not two'",
+    "import no_such_module_here",
+    "raise SystemExit('a message, not a code')",
+    "import sys; print('to stderr', file=sys.stderr); sys.exit(0)",
+    "import sys; assert sys.argv[1:] == ['a', 'b'], sys.argv",
+]
+
+
+def test_each_python_gate_in_the_batch_answers_as_python3_c_alone_does():
+    """The real counterpart of a runtime gate is `python3 -c CODE` in its own process: the same exit code, the same
+    stdout, and the same last line of stderr (the one a failed check shows)."""
+    import sys
+
+    from sparkstack.launch import argv_gate
+
+    for code in GATE_CODES:
+        args = ["a", "b"] if "argv" in code else []
+        alone = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        got, out, err = argv_gate.run_gate(["python3", "-c", code, *args])
+        assert (got, out) == (alone.returncode, alone.stdout), code
+        assert err.strip().splitlines()[-1:] == alone.stderr.strip().splitlines()[-1:], (code, err, alone.stderr)
+    assert {argv_gate.run_gate(["python3", "-c", c])[0] for c in GATE_CODES} >= {0, 1, 3}
+
+
+def test_a_gate_that_is_no_python_runs_as_a_process_and_a_missing_one_says_so():
+    from sparkstack.launch import argv_gate
+
+    assert argv_gate.run_gate(["sh", "-c", "echo out; exit 4"]) == (4, "out\n", "")
+    code, _, err = argv_gate.run_gate(["/no/such/tool", "x"])
+    assert code == 127 and "/no/such/tool" in err
+
+
+def test_a_batch_without_vllm_judges_no_argv_and_still_runs_the_gates():
+    from sparkstack.launch import argv_gate
+
+    done = argv_gate.batch({"argvs": [["--model", "m"]], "gates": [["python3", "-c", "print(2 + 2)"]]})
+    assert done["argvs"][0][0] == 2 and "no vLLM serve argument parser" in done["argvs"][0][1]
+    assert done["gates"] == [[0, "4\n", ""]]
+
+
+def test_a_batch_that_did_not_run_fails_every_gate_it_held_with_the_reason(tmp_path):
+    from sparkstack.launch.preflight import all_gate_checks
+
+    class Broken(Docker):
+        def __init__(self, code, stdout, stderr):
+            super().__init__()
+            self.answer = (code, stdout, stderr)
+
+        def run_docker(self, *args, timeout=120, env=None):
+            if args[0] == "image":
+                return super().run_docker(*args)
+            self.calls.append(list(args))
+            return subprocess.CompletedProcess(args, *self.answer)
+
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    for answer, said in (((125, "", "docker: Error response from daemon: no such image\n"), "no such image"),
+                         ((0, "c0ffee\n", ""), "no result line from the gates' python (it printed: c0ffee)"),
+                         ((0, "sparkstack-gates: {\"argvs\": []}\n", ""), "no result line")):
+        broken = Broken(*answer)
+        checks = all_gate_checks(plan, broken, None)
+        assert len([c for c in broken.calls if c[0] == "run"]) == 1
+        assert len(checks) == 5 and {c.status for c in checks} == {"fail"}, checks
+        assert all(said in c.detail for c in checks), (said, [c.detail for c in checks])
+        assert all(c.detail.startswith("the argv gate did not run: ") for c in checks if c.name == "vllm-argv")
+
+
+def test_one_container_asks_only_what_the_cache_does_not_hold(tmp_path, monkeypatch):
+    from sparkstack.launch.preflight import all_gate_checks
+
+    monkeypatch.setenv("SPARKSTACK_STATE_DIR", str(tmp_path / "state"))
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    first = Docker()
+    checks = all_gate_checks(plan, first, IMAGE_ID)
+    assert [(c.name, c.status) for c in checks] == [("vllm-argv", "pass"), ("vllm-argv", "fail")] + [("gate", "pass")] * 3
+    (call,) = [c for c in first.calls if c[0] == "run"]
+    assert [len(v) for v in batch_spec(call).values()] == [2, 3]
+    again = Docker()
+    checks = all_gate_checks(plan, again, IMAGE_ID)
+    (call,) = [c for c in again.calls if c[0] == "run"]  # only rank 1's argv, which failed: passes are kept
+    assert batch_spec(call) == {"argvs": [list(plan.ranks[1].engine_argv)], "gates": []}
+    assert [c.status for c in checks] == ["pass", "fail", "pass", "pass", "pass"]
+    assert sum("(cached: " in c.detail for c in checks) == 4

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import socket
 import time
 from collections.abc import Callable
@@ -154,37 +153,6 @@ def wait_running(rank: RankPlan, runner: Runner, t: Timeouts) -> None:
         time.sleep(0.5)
     raise LaunchFailed(f"rank {rank.rank} container {rank.name} not running after {t.worker_start_s:.0f} s",
                        {rank.rank: _logs(runner, rank.name, t.log_tail)})
-
-
-# What vLLM's headless rank logs once it is configured and about to join the head's process group: from then on
-# the head may start (vllm/entrypoints/cli/serve.py, run_headless).
-AT_RENDEZVOUS = re.compile(r"Launching vLLM \(v[^)]*\) headless multiproc executor")
-
-
-def wait_for_workers(workers: list[RankPlan], runners: dict[int, Runner], most_s: float,
-                     on_event: Callable[[str], None]) -> None:
-    """The seed's fixed pause before the head, cut short by the workers' own state: once every worker has logged
-    that it is at the rendezvous (or stopped running: the boot watch names that), the head starts. At most `most_s`."""
-    on_event(f"waiting for rank(s) {', '.join(str(r.rank) for r in workers)} to reach the rendezvous "
-             f"(at most {most_s:g} s) before the head")
-    start = time.monotonic()
-    waiting = list(workers)
-    while waiting:
-        for rank in list(waiting):
-            runner = runners[rank.rank]
-            proc = runner.run_docker("logs", "--tail", "200", rank.name, timeout=30)
-            if proc.returncode == 0 and AT_RENDEZVOUS.search(proc.stdout + proc.stderr):
-                on_event(f"rank {rank.rank} is at the rendezvous after {time.monotonic() - start:.1f} s")
-                waiting.remove(rank)
-            elif _state(runner, rank.name)[0] != "running":
-                waiting.remove(rank)  # not waited for: the boot watch reports a stopped rank with its logs
-        left = most_s - (time.monotonic() - start)
-        if waiting and left <= 0:
-            on_event(f"rank(s) {', '.join(str(r.rank) for r in waiting)} did not say within {most_s:g} s; "
-                     "starting the head")
-            return
-        if waiting:
-            time.sleep(min(1.0, left))
 
 
 def _port_open(port: int) -> bool:
@@ -393,8 +361,9 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
         on_event(f"rank {rank.rank} running")
     boot = None
     if 0 in ranks:
-        if len(ranks) > 1 and t.worker_delay_s > 0:
-            wait_for_workers([r for r in plan.ranks if r.rank in ran], runners, t.worker_delay_s, on_event)
+        if ran and t.worker_delay_s > 0:  # the workers run already (wait_running); a pause only when asked for
+            on_event(f"waiting {t.worker_delay_s:g} s (--worker-delay) before the head")
+            time.sleep(t.worker_delay_s)
         remove_leftover(plan.ranks[0], runners[0], on_event)
         on_event("starting rank 0 (head)")
         ran[0] = start_rank(plan.ranks[0], runners[0], env)

@@ -1,5 +1,10 @@
 
+import contextlib
+import io
+import json
+import subprocess
 import sys
+import traceback
 
 
 class Refused(Exception):
@@ -74,7 +79,43 @@ def judge(argv):
     return 0, f"vLLM accepts the argv ({len(argv)} arguments)"
 
 
-if __name__ == "__main__":
-    code, line = judge(sys.argv[1:])
-    print(line)
-    sys.exit(code)
+BATCH = "--sparkstack-gates"  # `-c ARGV_GATE --sparkstack-gates SPEC`: every gate of a launch in this one process
+RESULT = "sparkstack-gates: "  # the batch's one line of results, after whatever the gates printed
+
+
+def run_gate(gate):
+    """(exit code, stdout, stderr) of one runtime gate. `python3 -c CODE ARG...` runs in this interpreter, as a
+    fresh `__main__`, so vLLM is imported once for all the gates; any other argv runs as a process of its own."""
+    if len(gate) < 3 or gate[0] not in ("python3", "python") or gate[1] != "-c":
+        try:
+            proc = subprocess.run(gate, capture_output=True, text=True)
+        except OSError as exc:
+            return 127, "", f"{gate[0]}: {exc.strerror or exc}\n"
+        return proc.returncode, proc.stdout, proc.stderr
+    out, err, code, argv = io.StringIO(), io.StringIO(), 0, sys.argv
+    sys.argv = ["-c", *gate[3:]]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(gate[2], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as exc:  # as the interpreter ends a script: an int is the code, anything else is printed
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            err.write(f"{exc.code}\n")
+    except BaseException:  # noqa: BLE001 (a gate may raise anything; python3 -c would print it and exit 1)
+        code = 1
+        err.write(traceback.format_exc())
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def batch(spec):
+    """{"argvs": [engine argv, ...], "gates": [gate argv, ...]} -> each argv judged, [code, line], and each gate
+    run, [code, stdout, stderr], in order."""
+    return {"argvs": [list(judge(argv)) for argv in spec["argvs"]], "gates": [list(run_gate(g)) for g in spec["gates"]]}
+
+
+if __name__ == "__main__" and sys.argv[1:2] == [BATCH]:
+    results = batch(json.loads(sys.argv[2]))
+    sys.stdout.flush()
+    print(RESULT + json.dumps(results))

@@ -32,8 +32,10 @@ class LaunchOptions:
                                     show_default=True, help="Seconds between /health polls.")
     health_attempts: int = option(360, "--health-attempts", kind=("int", 1, 1_000_000), env="HEALTH_ATTEMPTS",
                                   show_default=True, help="How many /health polls before giving up.")
-    worker_delay: float = option(20.0, "--worker-delay", kind=("float", 0, 3600), env="WORKER_DELAY",
-                                 show_default=True, help="Seconds between the workers and the head.")
+    worker_delay: float = option(0.0, "--worker-delay", kind=("float", 0, 3600), env="WORKER_DELAY",
+                                 show_default=True,
+                                 help="Seconds to pause once the workers run, before the head starts (the blog "
+                                      "paused 20; vLLM's rendezvous waits for either side).")
 
 
 @request

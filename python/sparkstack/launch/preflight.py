@@ -558,9 +558,12 @@ def docker_checks(plan: LaunchPlan, runners: dict[int, Runner], gates: bool,
 
 def all_gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None) -> list[PreflightCheck]:
     """The vLLM argv gate for every rank, then the runtime gates, on `runner`'s copy of the image (`image_id`, its
-    config digest: what a pass is remembered by)."""
+    config digest: what a pass is remembered by), all in one throwaway container."""
     cache = gate_cache()
-    return argv_gate_checks(plan, runner, image_id, cache) + gate_checks(plan, runner, image_id, cache)
+    gates = runtime_gates(plan, runner)
+    asked = [argv_gate_argv(rank) for rank in plan.ranks] + ([] if isinstance(gates, PreflightCheck) else gates)
+    ran = run_gates(runner, plan.image, asked, image_id, cache)  # one container for all that are not cached
+    return argv_gate_checks(plan, runner, image_id, cache, ran) + gate_checks(plan, runner, image_id, cache, gates, ran)
 
 
 STALE_FORMAT = '{{.State}} {{.Label "org.sparkstack.rank"}}'  # `docker ps`: empty when no container has the name
@@ -628,25 +631,59 @@ def _peer_check(rank: RankPlan, proc, image: str | None) -> PreflightCheck:
                  rank.rank)
 
 
-def _run_gate(runner: Runner, image: str, argv: Sequence[str], image_id: str | None,
-              cache: GateCache | None) -> tuple[int | None, str, str]:
-    """(exit code, stdout, stderr) of one gate in a throwaway container, or (None, cached line, "") when this image
-    passed this very argv before (gatecache)."""
-    if cache is not None and image_id and (passed := cache.passed(image_id, argv)):
-        return None, cached_line(passed, image_id), ""
-    ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", argv[0], image, *argv[1:], timeout=300)
-    return ran.returncode, ran.stdout, ran.stderr
+Ran = tuple[int | None, str, str]  # a gate's (exit code, stdout, stderr); None and its cached line when it is not run
+
+
+def argv_gate_argv(rank: RankPlan) -> tuple[str, ...]:
+    """The argv gate for one rank, as it would run alone (`python3 -c ARGV_GATE ARGV...`): what a pass is kept by."""
+    return ("python3", "-c", ARGV_GATE, *rank.engine_argv)
+
+
+def run_gates(runner: Runner, image: str, argvs: Sequence[Sequence[str]], image_id: str | None,
+              cache: GateCache | None) -> dict[tuple[str, ...], Ran]:
+    """Each gate's answer. The ones this image passed before with this very argv come from the cache (gatecache);
+    the rest run together in one throwaway container, one python process, so the image's vLLM is imported once
+    (argv_gate.batch) rather than once per gate: on a Spark each import is tens of seconds."""
+    out: dict[tuple[str, ...], Ran] = {}
+    pending = []
+    for argv in map(tuple, argvs):
+        passed = cache.passed(image_id, argv) if cache is not None and image_id else None
+        if passed:
+            out[argv] = (None, cached_line(passed, image_id), "")
+        elif argv not in pending:
+            pending.append(argv)
+    if not pending:
+        return out
+    judged = [a for a in pending if a[:3] == ("python3", "-c", ARGV_GATE)]
+    spec = {"argvs": [list(a[3:]) for a in judged], "gates": [list(a) for a in pending if a not in judged]}
+    ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", ARGV_GATE,
+                            argv_gate.BATCH, json.dumps(spec), timeout=300 + 60 * len(pending))
+    said = [ln for ln in ran.stdout.splitlines() if ln.startswith(argv_gate.RESULT)]
+    try:
+        results = json.loads(said[-1][len(argv_gate.RESULT):]) if ran.returncode == 0 and said else None
+        answers = [(code, line + "\n", "") for code, line in results["argvs"]] + [tuple(r) for r in results["gates"]]
+    except (TypeError, ValueError, KeyError, RecursionError):
+        answers = None
+    if answers is None or len(answers) != len(pending):  # the batch did not run: each gate gets its failure
+        printed = ran.stdout.strip().splitlines()
+        why = ran.stderr if ran.stderr.strip() else \
+            f"no result line from the gates' python{f' (it printed: {printed[-1][:120]})' if printed else ''}\n"
+        answers = [(ran.returncode or 1, "", why)] * len(pending)
+    out.update(zip(judged + [a for a in pending if a not in judged], answers))
+    return out
 
 
 def argv_gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
-                     cache: GateCache | None = None) -> list[PreflightCheck]:
+                     cache: GateCache | None = None, ran: dict[tuple[str, ...], Ran] | None = None) -> list[PreflightCheck]:
     """Each rank's engine argv, judged in a throwaway container by the image's own vLLM parser (ARGV_GATE): seconds,
     no GPU, before a boot that takes 15 minutes. Every rank runs the one image, so the head judges them all. With
-    `cache`, a pass is remembered for this image (`image_id`) and argv, and not asked again."""
+    `cache`, a pass is remembered for this image (`image_id`) and argv, and not asked again. `ran`: the answers
+    already had (all_gate_checks asks every gate at once)."""
+    argvs = [argv_gate_argv(rank) for rank in plan.ranks]
+    ran = ran if ran is not None else run_gates(runner, plan.image, argvs, image_id, cache)
     out = []
-    for rank in plan.ranks:
-        argv = ("python3", "-c", ARGV_GATE, *rank.engine_argv)
-        code, stdout, stderr = _run_gate(runner, plan.image, argv, image_id, cache)
+    for rank, argv in zip(plan.ranks, argvs):
+        code, stdout, stderr = ran[argv]
         if code is None:
             out.append(PreflightCheck("vllm-argv", "pass", stdout, rank.rank))
             continue
@@ -672,26 +709,37 @@ def _gates_from_label(label: str) -> list[tuple[str, ...]] | None:
     return [tuple(g) for g in doc]
 
 
-def gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
-                cache: GateCache | None = None) -> list[PreflightCheck]:
+def runtime_gates(plan: LaunchPlan, runner: Runner) -> list[tuple[str, ...]] | PreflightCheck:
+    """The image's runtime gates (its label, else the overlay's defaults) and those its argv asks for; a failed
+    check when the label is not a list of argv lists (then nothing it names runs)."""
     proc = runner.run_docker("image", "inspect", "--format", '{{index .Config.Labels "org.sparkstack.gates.runtime"}}',
                              plan.image, timeout=30)
     label = proc.stdout.strip() if proc.returncode == 0 else ""
     gates = _gates_from_label(label) if label else list(DEFAULT_GATES)
     if gates is None:
-        return [PreflightCheck("gate", "fail", f"{plan.image}: label org.sparkstack.gates.runtime is not a list of argv lists "
-                                      "of strings; refusing to run it", 0)]
-    gates += [g for g in load_format_gates(plan) if g not in gates]
+        return PreflightCheck("gate", "fail", f"{plan.image}: label org.sparkstack.gates.runtime is not a list of argv lists "
+                                      "of strings; refusing to run it", 0)
+    return gates + [g for g in load_format_gates(plan) if g not in gates]
+
+
+def gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,
+                cache: GateCache | None = None, gates: list[tuple[str, ...]] | PreflightCheck | None = None,
+                ran: dict[tuple[str, ...], Ran] | None = None) -> list[PreflightCheck]:
+    """The runtime gates' checks, one per gate. `gates` and `ran`: as all_gate_checks had them already."""
+    gates = gates if gates is not None else runtime_gates(plan, runner)
+    if isinstance(gates, PreflightCheck):
+        return [gates]
+    ran = ran if ran is not None else run_gates(runner, plan.image, gates, image_id, cache)
     out = []
     for gate in gates:
-        code, stdout, stderr = _run_gate(runner, plan.image, gate, image_id, cache)
+        code, stdout, stderr = ran[tuple(gate)]
         label = gate[-1][:60]
         if code is None:
             out.append(PreflightCheck("gate", "pass", stdout, 0))
             continue
-        ran = subprocess.CompletedProcess(gate, code, stdout, stderr)
+        done = subprocess.CompletedProcess(gate, code, stdout, stderr)
         out.append(PreflightCheck("gate", "pass" if code == 0 else "fail",
-                         label if code == 0 else f"{label}: {failure_line(ran)}", 0))
+                         label if code == 0 else f"{label}: {failure_line(done)}", 0))
         if code == 0 and cache is not None and image_id:
             cache.record(image_id, gate, label)
     return out
