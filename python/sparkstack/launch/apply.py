@@ -362,7 +362,7 @@ def launch(plan: LaunchPlan, runners: dict[int, Runner], ranks: list[int], t: Ti
     boot = None
     if 0 in ranks:
         if ran and t.worker_delay_s > 0:  # the workers run already (wait_running); a pause only when asked for
-            on_event(f"waiting {t.worker_delay_s:g} s (--worker-delay) before the head")
+            on_event(f"waiting {t.worker_delay_s:g} s before the head")
             time.sleep(t.worker_delay_s)
         remove_leftover(plan.ranks[0], runners[0], on_event)
         on_event("starting rank 0 (head)")
