@@ -115,14 +115,15 @@ def test_a_bad_source_date_epoch_is_one_line(run_inproc, tmp_path, epoch):
     ["image", "load", "{img}", "--host", "worker\n", "--dry-run"],
     ["image", "load", "{img}", "--docker-host", "-H=tcp://evil", "--dry-run"],
 ])
-def test_option_lookalikes_never_reach_ssh_or_docker(run_inproc, tmp_path, args):
+def test_option_lookalikes_never_reach_ssh_or_docker(run_cli, tmp_path, args):
+    # A child: the stand-ins must be what a regression would reach, found on the PATH a real run has.
     import imagefix as fx
     import standins
 
     fx.write_base(tmp_path / "img")
     standins.install(tmp_path / "bin")
     log = tmp_path / "calls.jsonl"
-    proc = run_inproc(*[str(tmp_path / "img") if a == "{img}" else a for a in args],
+    proc = run_cli(*[str(tmp_path / "img") if a == "{img}" else a for a in args],
                    env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "RECORD_LOG": str(log)})
     assert proc.returncode in (1, 2) and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert standins.recorded(log) == []  # refused before any program ran

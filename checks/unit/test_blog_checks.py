@@ -200,3 +200,18 @@ def test_fetch_prints_the_licence_before_it_downloads(run_cli, tmp_path):
         assert not [line for line in again.stdout.splitlines() if line.startswith("licence:")]
     finally:
         hub.stop()
+
+
+def test_the_head_starts_once_the_worker_runs_and_pauses_only_when_asked(launch_world):
+    """The blog paused 20 s between the worker and the head; launch starts the head once the worker's container
+    runs, and pauses only for --worker-delay (WORKER_DELAY), whose default is 0."""
+    from sparkstack.launch.command import Request
+
+    assert Request.__dataclass_fields__["worker_delay"].default == 0
+    for extra, pause in (((), None), (("--worker-delay", "0.3"), "waiting 0.3 s before the head")):
+        proc, calls = launch_calls(launch_world, *extra)
+        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines()]
+        at = lines.index("rank 1 running")
+        assert lines[at + 1: at + 2 + bool(pause)] == [pause, "starting rank 0 (head)"][not pause:], lines[at:at + 3]
+        starts = [c for c in calls if "run" in c and "-d" in c]
+        assert len(starts) == 2 and "--headless" in starts[0], starts  # the worker's container first

@@ -143,6 +143,11 @@ GATE_CODES = [
     "raise SystemExit('a message, not a code')",
     "import sys; print('to stderr', file=sys.stderr); sys.exit(0)",
     "import sys; assert sys.argv[1:] == ['a', 'b'], sys.argv",
+    "import os; os._exit(5)",
+    "import sys; print('gone'); sys.stdout.close()",
+    "import os; os.write(1, b'no newline at the fd')",
+    "import ctypes; ctypes.string_at(0)",  # a segfault: minus the signal's number, as subprocess says it
+    "import pickle\nclass Here: pass\nprint(len(pickle.dumps(Here())) > 0)",
 ]
 
 
@@ -159,7 +164,35 @@ def test_each_python_gate_in_the_batch_answers_as_python3_c_alone_does():
         got, out, err = argv_gate.run_gate(["python3", "-c", code, *args])
         assert (got, out) == (alone.returncode, alone.stdout), code
         assert err.strip().splitlines()[-1:] == alone.stderr.strip().splitlines()[-1:], (code, err, alone.stderr)
-    assert {argv_gate.run_gate(["python3", "-c", c])[0] for c in GATE_CODES} >= {0, 1, 3}
+    assert {argv_gate.run_gate(["python3", "-c", c])[0] for c in GATE_CODES} >= {0, 1, 3, 5, -11}
+
+
+def test_no_gate_reaches_the_next_and_one_that_hangs_is_ended():
+    from sparkstack.launch import argv_gate
+
+    done = argv_gate.batch({"argvs": [], "gates": [
+        ["python3", "-c", "import os, sys; os.environ['LEAK'] = '1'; sys.path.insert(0, '/leak'); x = 1"],
+        ["python3", "-c", "import os, sys; print(os.environ.get('LEAK'), '/leak' in sys.path, 'x' in globals())"]]})
+    assert done["gates"][1] == [0, "None False False\n", ""], done
+    code, _, err = argv_gate.run_gate(["python3", "-c", "import time; time.sleep(60)"], timeout=0.5)
+    assert code == 124 and "did not end within 0.5 s" in err
+    assert argv_gate.run_gate(["sh", "-c", "printf '\\377'"]) == (0, "\ufffd", "")  # bytes that are no UTF-8
+
+
+def test_an_argv_that_makes_the_parser_exit_is_a_refusal_not_a_crash():
+    from sparkstack.launch import argv_gate
+
+    class Exits:
+        def parse_args(self, argv):
+            raise SystemExit(0)  # what argparse does on --help
+
+    real_parser = argv_gate.parser
+    try:
+        argv_gate.parser = lambda allow_abbrev=False: Exits()
+        code, line = argv_gate.judged(["--help"])
+    finally:
+        argv_gate.parser = real_parser
+    assert code == 1 and "--help" in line and "\n" not in line
 
 
 def test_a_gate_that_is_no_python_runs_as_a_process_and_a_missing_one_says_so():
@@ -193,12 +226,15 @@ def test_a_batch_that_did_not_run_fails_every_gate_it_held_with_the_reason(tmp_p
             return subprocess.CompletedProcess(args, *self.answer)
 
     plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    forged = 'sparkstack-gates: {"argvs": [[null, "x"], [0, "y"]], "gates": [[0, "", ""], [0, ""], [true, "", ""]]}'
     for answer, said in (((125, "", "docker: Error response from daemon: no such image\n"), "no such image"),
                          ((0, "c0ffee\n", ""), "no result line from the gates' python (it printed: c0ffee)"),
-                         ((0, "sparkstack-gates: {\"argvs\": []}\n", ""), "no result line")):
+                         ((0, "sparkstack-gates: {\"argvs\": []}\n", ""), "no result line"),
+                         ((0, forged + "\n", ""), "no result line")):
         broken = Broken(*answer)
         checks = all_gate_checks(plan, broken, None)
-        assert len([c for c in broken.calls if c[0] == "run"]) == 1
+        # the batch, then each of its five gates alone (so that the one that breaks a batch is named)
+        assert len([c for c in broken.calls if c[0] == "run"]) == 6
         assert len(checks) == 5 and {c.status for c in checks} == {"fail"}, checks
         assert all(said in c.detail for c in checks), (said, [c.detail for c in checks])
         assert all(c.detail.startswith("the argv gate did not run: ") for c in checks if c.name == "vllm-argv")
@@ -220,3 +256,24 @@ def test_one_container_asks_only_what_the_cache_does_not_hold(tmp_path, monkeypa
     assert batch_spec(call) == {"argvs": [list(plan.ranks[1].engine_argv)], "gates": []}
     assert [c.status for c in checks] == ["pass", "fail", "pass", "pass", "pass"]
     assert sum("(cached: " in c.detail for c in checks) == 4
+
+
+def test_the_gate_that_breaks_a_batch_is_the_one_named(tmp_path):
+    """One gate kills its container's python (or prints no answer): the batch gives nothing, so each gate runs
+    alone, and only the one that breaks is failed, with its own reason."""
+    from sparkstack.launch.preflight import all_gate_checks
+
+    class OneBreaks(Docker):
+        def run_docker(self, *args, timeout=120, env=None):
+            if args[0] == "run" and any("dflash2.speculator" in g[-1] for g in batch_spec(list(args))["gates"]):
+                self.calls.append(list(args))
+                return subprocess.CompletedProcess(args, 139, "", "Segmentation fault (core dumped)\n")
+            return super().run_docker(*args)
+
+    plan = plan_launch_from_recipe(load_recipe(None), {"HF_HOME": str(tmp_path)})
+    docker = OneBreaks()
+    checks = all_gate_checks(plan, docker, None)
+    assert len([c for c in docker.calls if c[0] == "run"]) == 6
+    assert [(c.name, c.status) for c in checks] == [("vllm-argv", "pass"), ("vllm-argv", "fail"), ("gate", "pass"),
+                                                   ("gate", "pass"), ("gate", "fail")]
+    assert checks[-1].detail.endswith("Segmentation fault (core dumped)") and "speculator" in checks[-1].detail

@@ -4,6 +4,7 @@ their renderers. The options are made from the requests' own declarations (`spar
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
 import json
@@ -243,11 +244,16 @@ class LazyGroup(click.Group):
         return sorted({*super().list_commands(ctx), *self.lazy})
 
     def resolve_command(self, ctx, args):
-        try:
-            return super().resolve_command(ctx, args)
-        except click.exceptions.NoSuchCommand as exc:  # click suggests from the commands loaded so far: all of them
-            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx),
-                                                 ctx=ctx) from None
+        # click (before 8.4 and after) suggests from the commands loaded so far; the lazy table's are never among
+        # them. A name that is no command is told the ones it is near, among all, in click's own words.
+        name = click.utils.make_str(args[0])
+        known = self.list_commands(ctx)
+        if name not in known and not name.startswith("-") and not ctx.resilient_parsing:
+            near = difflib.get_close_matches(name, known)
+            hint = "" if not near else f" Did you mean {near[0]!r}?" if len(near) == 1 else \
+                f" (Did you mean one of: {', '.join(map(repr, sorted(near)))}?)"
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
         if name in self.lazy and name not in self.commands:

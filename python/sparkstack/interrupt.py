@@ -71,6 +71,8 @@ def _children() -> list[int]:
 
 def install() -> None:
     """Handle SIGTERM always, SIGHUP unless inherited as ignored; note a SIGINT where Python handles it."""
+    global _received
+    _received = None  # a fresh run (the in-process test runner calls the entry point many times)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, _on_stop)

@@ -41,7 +41,7 @@ class Timeouts:
     health_interval_s: float = 10.0
     health_attempts: int = 360
     worker_start_s: float = 120.0
-    worker_delay_s: float = 20.0
+    worker_delay_s: float = 0.0
     log_tail: int = 80
 
 

@@ -60,9 +60,10 @@ def load_format_gates(plan: LaunchPlan) -> list[tuple[str, ...]]:
     return list(INSTANTTENSOR_GATES) if 0 <= i < len(argv) - 1 and argv[i + 1] == "instanttensor" else []
 
 
-# Run inside the image as `python3 -c ARGV_GATE ARGV...`: the image's own `vllm serve` parser, abbreviations off,
-# judges the engine argv, then the tool and reasoning parser names against the image's registries. Prints one line;
-# exit 0 when vLLM accepts the argv, 1 when it refuses (the line names the option), 2 when the image has no parser.
+# Run inside the image as `python3 -c ARGV_GATE --sparkstack-gates SPEC` (run_gates): the image's own `vllm serve`
+# parser, abbreviations off, judges each engine argv, then the tool and reasoning parser names against the image's
+# registries (0 accepted, 1 refused with a line naming the option, 2 no parser in the image); the runtime gates run
+# from the same process. One result line for all.
 ARGV_GATE = Path(argv_gate.__file__).read_text()  # sent as it is on disk, byte for byte
 
 
@@ -635,7 +636,7 @@ Ran = tuple[int | None, str, str]  # a gate's (exit code, stdout, stderr); None 
 
 
 def argv_gate_argv(rank: RankPlan) -> tuple[str, ...]:
-    """The argv gate for one rank, as it would run alone (`python3 -c ARGV_GATE ARGV...`): what a pass is kept by."""
+    """The argv gate for one rank, as a pass of it is kept (gatecache's key: the script's text and the engine argv)."""
     return ("python3", "-c", ARGV_GATE, *rank.engine_argv)
 
 
@@ -654,23 +655,51 @@ def run_gates(runner: Runner, image: str, argvs: Sequence[Sequence[str]], image_
             pending.append(argv)
     if not pending:
         return out
-    judged = [a for a in pending if a[:3] == ("python3", "-c", ARGV_GATE)]
-    spec = {"argvs": [list(a[3:]) for a in judged], "gates": [list(a) for a in pending if a not in judged]}
+    answers, ran = _batch(runner, image, pending)
+    if answers is None and len(pending) > 1:  # the batch broke: each gate alone, so the one that broke it is named
+        answers = []
+        for argv in pending:
+            alone, ran = _batch(runner, image, [argv])
+            answers.append(alone[0] if alone else _failure(ran))
+    out.update(zip(pending, answers or [_failure(ran)]))
+    return out
+
+
+def _batch(runner: Runner, image: str, gates: list[tuple[str, ...]]) -> tuple[list[Ran] | None, subprocess.CompletedProcess]:
+    """`gates` run together in one container (argv_gate's batch): their answers in order, or None when the batch
+    gave no well-formed answer for each; and the container's run."""
+    judged = [a for a in gates if a[:3] == ("python3", "-c", ARGV_GATE)]
+    others = [a for a in gates if a not in judged]
+    spec = {"argvs": [list(a[3:]) for a in judged], "gates": [list(a) for a in others]}
     ran = runner.run_docker("run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", ARGV_GATE,
-                            argv_gate.BATCH, json.dumps(spec), timeout=300 + 60 * len(pending))
+                            argv_gate.BATCH, json.dumps(spec), timeout=300 + 60 * len(gates))
     said = [ln for ln in ran.stdout.splitlines() if ln.startswith(argv_gate.RESULT)]
     try:
-        results = json.loads(said[-1][len(argv_gate.RESULT):]) if ran.returncode == 0 and said else None
-        answers = [(code, line + "\n", "") for code, line in results["argvs"]] + [tuple(r) for r in results["gates"]]
+        doc = json.loads(said[-1][len(argv_gate.RESULT):]) if ran.returncode == 0 and said else {}
+        argvs, rest = doc["argvs"], doc["gates"]
     except (TypeError, ValueError, KeyError, RecursionError):
-        answers = None
-    if answers is None or len(answers) != len(pending):  # the batch did not run: each gate gets its failure
-        printed = ran.stdout.strip().splitlines()
-        why = ran.stderr if ran.stderr.strip() else \
-            f"no result line from the gates' python{f' (it printed: {printed[-1][:120]})' if printed else ''}\n"
-        answers = [(ran.returncode or 1, "", why)] * len(pending)
-    out.update(zip(judged + [a for a in pending if a not in judged], answers))
-    return out
+        return None, ran
+    shaped = (isinstance(argvs, list) and isinstance(rest, list) and len(argvs) == len(judged) and len(rest) == len(others)
+              and all(_shaped(a, 2) for a in argvs) and all(_shaped(g, 3) for g in rest))
+    if not shaped:
+        return None, ran
+    by_argv = dict(zip(judged, [(code, line + "\n", "") for code, line in argvs]))
+    by_argv.update(zip(others, [tuple(g) for g in rest]))
+    return [by_argv[a] for a in gates], ran
+
+
+def _failure(ran: subprocess.CompletedProcess) -> Ran:
+    """A gate whose container gave no answer: its failure, as the container ended."""
+    printed = [ln for ln in ran.stdout.splitlines() if ln.strip()]
+    why = ran.stderr if ran.stderr.strip() else \
+        f"no result line from the gates' python{f' (it printed: {printed[-1][:120]})' if printed else ''}\n"
+    return (ran.returncode or 1, "", why)
+
+
+def _shaped(answer, strings: int) -> bool:
+    """[int code, str, ...]: `strings` fields in all, the code a true int (not a bool, not null)."""
+    return (isinstance(answer, list) and len(answer) == strings and type(answer[0]) is int
+            and all(isinstance(x, str) for x in answer[1:]))
 
 
 def argv_gate_checks(plan: LaunchPlan, runner: Runner, image_id: str | None = None,

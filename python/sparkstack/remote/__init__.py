@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -80,11 +81,11 @@ class Runner:
         from plumbum.commands.processes import CommandNotFound
 
         full = self.argv(argv)
-        try:
-            cmd = local[full[0]][full[1:]]
+        try:  # this process's environment as it is now: plumbum's `local.env` is a copy made at its import
+            cmd = local[shutil.which(full[0]) or full[0]][full[1:]]
         except CommandNotFound:
             raise SparkstackError(f"{full[0]}: not installed here") from None
-        return cmd.popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return cmd.popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
 
     def by_hand(self, argv: list[str]) -> str:
         """The line a person types to run `argv` there: `ssh HOST docker rm -f NAME` for a remote runner."""
