@@ -240,6 +240,13 @@ def _check_boot(plan: LaunchPlan, runners: dict[int, Runner], now: dict[int, tup
             raise LaunchFailed(f"rank {rank} container {name} is {status} during boot", all_logs(plan, runners, t.log_tail))
 
 
+# How often the boot watch reads every rank's log and state (a `docker logs` and an inspect each, over ssh for a
+# worker), at most: /health is asked every --health-interval, but on a small machine reading the logs that often
+# took CPU from the boot it watched (on the lab's pair, at a 0.5 s interval, the head reached /health 5-6 s later
+# than in a bare start of the same two containers).
+BOOT_LOOK_S = 3.0
+
+
 def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_key: str | None,
                on_event: Callable[[str], None], on_poll: Callable[[], None] | None = None) -> Boot:
     """`on_poll` runs once per round, before the ranks are looked at (the memory guard)."""
@@ -247,12 +254,15 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
     _, started = _state(runners[0], head.name)
     t0 = _started_epoch(started)
     boot = Boot(expected=plan_expectations(plan))
+    look_at = 0.0  # when the ranks' logs and states are read next
     for _ in range(t.health_attempts):
         if on_poll is not None:
             on_poll()
-        now = read_timeline(plan, runners)
-        _report_progress(boot, now, on_event)
-        _check_boot(plan, runners, now, t)
+        if time.monotonic() >= look_at:
+            look_at = time.monotonic() + BOOT_LOOK_S
+            now = read_timeline(plan, runners)
+            _report_progress(boot, now, on_event)
+            _check_boot(plan, runners, now, t)
         if boot.port_open_s is None and _port_open(plan.api_port):
             boot.port_open_s = round(time.time() - t0, 3)
             on_event(f"port {plan.api_port} open after {boot.port_open_s:.1f} s")
@@ -279,6 +289,9 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
                              + f"; verify will {c.expected.missing}")
             return boot
         time.sleep(t.health_interval_s)
+    now = read_timeline(plan, runners)  # a last look: a fatal line since then is the better diagnosis
+    _report_progress(boot, now, on_event)
+    _check_boot(plan, runners, now, t)
     raise LaunchFailed(f"no /health 200 after {t.health_attempts} x {t.health_interval_s:g} s",
                        all_logs(plan, runners, t.log_tail))
 
