@@ -134,3 +134,55 @@ def test_a_stop_signal_in_the_boot_wait_ends_launch_as_ctrl_c_does(tmp_path, sig
                                     "nothing half-written)")
     ran = standins.recorded(head_log) + standins.recorded(tmp_path / "worker.jsonl")
     assert [c[1] for c in ran if c[0] == "docker" and c[1] in ("run", "rm")] == ["run", "run"]
+
+
+# ---------------------------------------------------------------- how often the boot watch reads the ranks' logs
+
+
+class LateFatalLine(RunningContainer):
+    """Up and quiet for its first `quiet_looks` reads of its logs, then printing the fatal line."""
+
+    def __init__(self, quiet_looks: int) -> None:
+        super().__init__("INFO starting\n")
+        self.quiet_looks, self.looks = quiet_looks, 0
+
+    def run_docker(self, *args, timeout=None):
+        if args[0] == "logs":
+            self.looks += 1
+            self.logs = "INFO starting\n" + (FATAL_LINE + "\n" if self.looks > self.quiet_looks else "")
+        return super().run_docker(*args, timeout=timeout)
+
+
+def test_a_young_boots_fatal_line_is_read_at_the_next_health_poll_not_seconds_later(monkeypatch):
+    """A boot that dies in its first seconds (a wrong NIC, an OOM at load) is the common failure: the logs are read
+    at every health poll while the boot is young, so its diagnosis comes one poll later, not after a fixed pause."""
+    from sparkstack.launch import apply
+    from sparkstack.launch.plan import plan_launch_from_recipe
+    from sparkstack.recipe import load_recipe
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(apply.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(apply.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+    monkeypatch.setattr(apply, "head_health_code", lambda plan: 503)
+    monkeypatch.setattr(apply, "_port_open", lambda port: False)
+    plan = plan_launch_from_recipe(load_recipe("glm53-flash-dflash2-nvfp4"), {})
+    runners = {0: RunningContainer("INFO starting\n"), 1: LateFatalLine(quiet_looks=1)}
+    with pytest.raises(LaunchFailed) as caught:
+        apply.watch_boot(plan, runners, Timeouts(health_interval_s=0.5, health_attempts=100), None, lambda line: None)
+    assert str(caught.value).startswith("rank 1: fatal boot line at ")
+    # its first look found nothing; the line is there at the second, one 0.5 s poll later (a 3 s pause is 6 polls)
+    assert clock["now"] - 1000.0 == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("age,interval,gap", [
+    (0.0, 0.5, 0.5),    # a young boot: every poll
+    (5.0, 0.3, 0.5),    # a tenth of its age once that is longer than the poll
+    (20.0, 1.0, 2.0),
+    (45.0, 1.0, 3.0),   # an old boot (vLLM's CPU build reaches /health at about 45 s): at most 3 s apart
+    (600.0, 0.3, 3.0),
+    (0.0, 20.0, 3.0),   # a poll slower than the cap: the cap (the watch sleeps the poll anyway)
+])
+def test_the_looks_spread_out_as_the_boot_ages(age, interval, gap):
+    from sparkstack.launch.apply import next_look_gap
+
+    assert next_look_gap(age, interval) == pytest.approx(gap)

@@ -241,10 +241,17 @@ def _check_boot(plan: LaunchPlan, runners: dict[int, Runner], now: dict[int, tup
 
 
 # How often the boot watch reads every rank's log and state (a `docker logs` and an inspect each, over ssh for a
-# worker), at most: /health is asked every --health-interval, but on a small machine reading the logs that often
-# took CPU from the boot it watched (on the lab's pair, at a 0.5 s interval, the head reached /health 5-6 s later
-# than in a bare start of the same two containers).
-BOOT_LOOK_S = 3.0
+# worker). /health is asked every --health-interval; reading the logs that often took CPU from the boot it watched
+# on a small machine (on the lab's pair, at a 0.5 s interval, the head reached /health 5-6 s after a bare start of
+# the same two containers). So the looks spread out as the boot ages: a fatal line is seen within a tenth of the
+# boot's age (early deaths, the common ones, at once), and never more than BOOT_LOOK_MAX_S late.
+BOOT_LOOK_MAX_S = 3.0
+BOOT_LOOK_SHARE = 0.1
+
+
+def next_look_gap(age_s: float, interval_s: float) -> float:
+    """Seconds from this look at the ranks' logs to the next, `age_s` into the boot watch."""
+    return min(BOOT_LOOK_MAX_S, max(interval_s, BOOT_LOOK_SHARE * age_s))
 
 
 def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_key: str | None,
@@ -254,12 +261,14 @@ def watch_boot(plan: LaunchPlan, runners: dict[int, Runner], t: Timeouts, api_ke
     _, started = _state(runners[0], head.name)
     t0 = _started_epoch(started)
     boot = Boot(expected=plan_expectations(plan))
-    look_at = 0.0  # when the ranks' logs and states are read next
+    watching = time.monotonic()
+    look_at = watching  # when the ranks' logs and states are read next
     for _ in range(t.health_attempts):
         if on_poll is not None:
             on_poll()
         if time.monotonic() >= look_at:
-            look_at = time.monotonic() + BOOT_LOOK_S
+            now_s = time.monotonic()
+            look_at = now_s + next_look_gap(now_s - watching, t.health_interval_s)
             now = read_timeline(plan, runners)
             _report_progress(boot, now, on_event)
             _check_boot(plan, runners, now, t)
