@@ -89,6 +89,21 @@ def test_launch_all_then_status_then_stop(launch_world):
         proc = sparkstack(lab, launch_world, recipe, "stop")
     assert proc.returncode == 0, proc.stderr
     assert "glm53-tony-rank0" not in containers(lab.head) and "glm53-tony-rank1" not in containers(lab.worker)
+    # Each run's commands to the worker shared one ssh connection; the run closed it as it ended (its master, named
+    # "ssh: SOCKET [mux]", would outlive it otherwise).
+    from sparkstack.remote import Runner
+
+    argv = Runner(ssh="worker", ssh_config=lab.ssh_config).argv(["true"])
+    socket = next(a.split("=", 1)[1] for a in argv if a.startswith("ControlPath="))
+    assert not os.path.exists(socket)
+    assert [pid for pid in os.listdir("/proc") if pid.isdigit() and socket.encode() in _cmdline(pid)] == []
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
 
 
 def test_stale_container_and_missing_image_fail_preflight(launch_world):
