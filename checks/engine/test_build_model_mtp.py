@@ -34,10 +34,15 @@ def _tensors(model: Path) -> dict:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
+# In the engine servers' group: "plain" is then the very model they serve (conftest's tiny_model, built once per
+# worker), not a second build of it.
+pytestmark = pytest.mark.xdist_group("vllm")
+
+
 @pytest.fixture(scope="module")
-def built(vllm_py, tmp_path_factory) -> dict[str, Path]:
+def built(vllm_py, tiny_model, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("build-model-mtp")
-    return {"plain": _build(vllm_py, root / "plain"), "mtp": _build(vllm_py, root / "mtp", "--mtp")}
+    return {"plain": tiny_model, "mtp": _build(vllm_py, root / "mtp", "--mtp")}
 
 
 def test_default_build_has_no_mtp(built):
