@@ -50,7 +50,7 @@ def test_a_remote_runners_commands_share_one_master_in_a_private_directory(runti
 
 def test_a_runtime_directory_too_deep_for_a_socket_path_shares_nothing(monkeypatch, tmp_path):
     deep = tmp_path / ("d" * 80)
-    deep.mkdir()
+    deep.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
     argv = Runner(ssh="worker").argv(["true"])
     assert option(argv, "ControlPath") is None and "BatchMode=yes" in argv
@@ -95,3 +95,37 @@ def test_at_exit_each_open_master_is_told_to_exit_and_no_other(runtime_dir, monk
     assert option(ran[0], "ControlPath") == open_one
     remote.close_shared()  # once only
     assert len(ran) == 1
+
+
+def test_each_run_has_a_master_of_its_own(runtime_dir, monkeypatch):
+    """A `launch status` ending beside a `launch` in its boot watch must not close the connection launch uses."""
+    mine = option(Runner(ssh="worker").argv(["true"]), "ControlPath")
+    monkeypatch.setattr(remote.os, "getpid", lambda: 999999)
+    assert option(Runner(ssh="worker").argv(["true"]), "ControlPath") != mine
+
+
+@pytest.mark.parametrize("name", ['a"b', "a'b", "a${HOME}b", "a%hb", "a b", "a~b"])
+def test_a_runtime_directory_ssh_would_expand_or_unquote_shares_nothing(monkeypatch, name):
+    base = Path(tempfile.mkdtemp(prefix="ssk-", dir="/tmp"))
+    try:
+        odd = base / name
+        odd.mkdir(mode=0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(odd))
+        argv = Runner(ssh="worker").argv(["true"])
+        assert option(argv, "ControlPath") is None and "BatchMode=yes" in argv
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_runtime_directory_that_is_not_this_users_own_is_passed_over(monkeypatch, tmp_path):
+    """After `su`, XDG_RUNTIME_DIR may still name the other user's: its owner could swap the socket directory."""
+    shared = Path(tempfile.mkdtemp(prefix="ssk-", dir="/tmp"))
+    try:
+        shared.chmod(0o777)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(shared))
+        monkeypatch.setattr(remote.tempfile, "gettempdir", lambda: str(shared.parent))
+        path = option(Runner(ssh="worker").argv(["true"]), "ControlPath")
+        assert path is not None and not path.startswith(str(shared) + "/")
+        assert os.path.dirname(path) == f"{shared.parent}/sparkstack-ssh-{os.geteuid()}"
+    finally:
+        shutil.rmtree(shared)

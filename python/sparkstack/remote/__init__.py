@@ -36,26 +36,31 @@ from sparkstack.errors import SparkstackError
 BULK_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 # A shared connection outlives its last command by this long at most, should the run die before closing it; a
-# master whose peer went silent gives up after ServerAliveInterval x CountMax, so a dead link fails a command in
-# seconds instead of hanging it on a connection that is gone.
+# master whose peer went silent gives up after ServerAliveInterval x CountMax, so a dead link fails a command
+# within a minute instead of hanging it on a connection that is gone.
 SHARED_PERSIST_S = 60
-SHARED_ALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+SHARED_ALIVE = ("-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6")  # a worker busy booting may stall
+_SAFE_PATH = re.compile(r"[A-Za-z0-9/._-]+")
 _masters: dict[str, list[str]] = {}  # control socket -> the argv that closes its master (`ssh -O exit`)
+
+
+def _private(path: Path, st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
 def _control_dir() -> Path | None:
     """This user's directory for control sockets (0700, owned, not a link), or None: then nothing is shared.
-    Whoever can open a control socket can run commands on its host as this user."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    path = Path(base) / f"sparkstack-ssh-{os.geteuid()}"
+    Whoever can open a control socket can run commands on its host as this user. XDG_RUNTIME_DIR only when it is
+    this user's own (after `su` it may still be another user's, who could swap what is in it)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
     try:
+        if not base or not _private(Path(base), os.lstat(base)):
+            base = tempfile.gettempdir()
+        path = Path(base) / f"sparkstack-ssh-{os.geteuid()}"
         path.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(path)
+        return path if _private(path, os.lstat(path)) else None
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        return None
-    return path
 
 
 def close_shared() -> None:
@@ -115,16 +120,19 @@ class Runner:
 
     def _shared_connection(self) -> list[str]:
         """ControlMaster options for this target, or none (no private socket directory, or a path ssh would
-        expand or cut). The socket is named by everything that picks the connection: the ssh config, the
-        target, and the address and host key it is reached by; the master is closed at exit."""
+        expand, unquote or not bind). The socket is named by everything that picks the connection (the ssh
+        config, the target, the address and host key it is reached by) and by this process: the master is this
+        run's alone, and closing it at exit never cuts another run's commands."""
         where = _control_dir() if self.ssh is not None else None
         if where is None:
             return []
         key = json.dumps([str(Path(self.ssh_config).absolute()) if self.ssh_config else None, self.ssh,
                           self.hostname, self.host_key_alias, os.environ.get("SSH_AUTH_SOCK")])
-        socket = str(where / hashlib.sha256(key.encode()).hexdigest()[:24])
-        if len(socket) > 90 or any(c in socket for c in "%~ ") or not socket.isprintable():
-            return []  # ssh expands % and ~ in ControlPath; a socket's path (ssh adds 17 while binding) < 108 bytes
+        socket = str(where / f"{os.getpid()}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+        # ssh expands % ~ and ${}, and unquotes, in ControlPath; it binds PATH + 17 characters first, and a unix
+        # socket's path has 104 bytes on the BSDs (108 on Linux)
+        if not _SAFE_PATH.fullmatch(socket) or len(os.fsencode(socket)) + 17 >= 104:
+            return []
         control = ["-o", f"ControlPath={socket}"]
         if socket not in _masters:
             config = ["-F", str(Path(self.ssh_config).absolute())] if self.ssh_config is not None else []
