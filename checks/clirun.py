@@ -84,8 +84,17 @@ def one_error_line(proc, code: int | None = 1, notes_before: bool = False) -> st
     return lines[-1]
 
 
+class Hung(BaseException):
+    """run_in_process's `timeout` ran out. A BaseException, so no `except Exception` in the CLI can turn it into an
+    ordinary error line that a test might take for the refusal it expects."""
+
+
+def _hung(signum, frame):
+    raise Hung()
+
+
 def run_in_process(args, env: dict | None = None, *, replace_env: bool = False, text: bool = True,
-                   input: str | bytes | None = None) -> subprocess.CompletedProcess:
+                   input: str | bytes | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
     """The real entry point (`sparkstack.cli.entry`, as `python -m sparkstack.cli` runs it), called in this
     process: its exit code, stdout and stderr as a child would give them, at a fraction of an interpreter's start.
 
@@ -93,7 +102,9 @@ def run_in_process(args, env: dict | None = None, *, replace_env: bool = False, 
     process's environment, or with `replace_env` is the whole of it, for the call only (click's own test
     isolation, which also swaps stdin, stdout and stderr). The signal handlers `entry` installs are put back after.
     Not for what a child alone shows: a signal, a closed stdout, a hang, or a library that reads its environment
-    once at import (huggingface_hub's HF_* constants): those tests start the CLI as a child (`sparkstack_cmd`)."""
+    once at import (huggingface_hub's HF_* constants): those tests start the CLI as a child (`sparkstack_cmd`).
+    With `timeout`, a call still running after that many seconds fails the test (SIGALRM interrupts even a blocked
+    open or read, as a child's kill would), so a hang is a failure, not a stuck suite: main thread only."""
     from click.testing import CliRunner
 
     from sparkstack import cli
@@ -101,17 +112,24 @@ def run_in_process(args, env: dict | None = None, *, replace_env: bool = False, 
     wanted = dict(env or {}) if replace_env else dict(os.environ, **(env or {}))
     overlay = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
     overlay.update({k: None for k in os.environ if k not in wanted})  # None: unset for the call
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)}
     argv = [str(a) for a in args]
     old_argv = sys.argv
     code = 0
     with CliRunner().isolation(input=input, env=overlay) as streams:
         sys.argv = ["sparkstack", *argv]
         try:
+            if timeout is not None:
+                signal.signal(signal.SIGALRM, _hung)
+                signal.setitimer(signal.ITIMER_REAL, timeout)
             cli.entry()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except Hung:
+            pytest.fail(f"sparkstack {' '.join(argv[:2])} hung for {timeout} s (in process)")
         finally:
+            if timeout is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             sys.argv = old_argv
             for sig, handler in saved.items():
                 signal.signal(sig, handler)

@@ -7,7 +7,7 @@ import pytest
 
 import imagefix as fx
 import synth
-from clirun import one_error_line
+from clirun import one_error_line, run_in_process
 
 VLLM = fx.VLLM
 KV = f"{VLLM}/v1/core/kv_cache_utils.py"
@@ -139,14 +139,13 @@ def test_step_placeholder_cannot_escape_the_vllm_root(overlay_world, run_inproc)
 #
 # Each case below drives the real CLI (`image build` and, where it reads the same input, `image verify`)
 # and asserts: exit 1, exactly one stderr line, no traceback, the named file/key/value in that line,
-# and no --out written. A subprocess timeout catches a hang as a failure.
+# and no --out written. In process (clirun.run_in_process: the real entry point, without an interpreter's start per
+# case); its timeout catches a hang as a failure, as a child's did.
 
 import hashlib
 import io
 import os
 import re
-import subprocess
-import sys
 
 import zstandard
 
@@ -154,11 +153,7 @@ HANG_S = 40
 
 
 def _cli(*args, timeout=HANG_S):
-    try:
-        return subprocess.run([sys.executable, "-m", "sparkstack.cli", *map(str, args)], capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"sparkstack {' '.join(map(str, args[:2]))} hung for {timeout} s")
+    return run_in_process(args, timeout=timeout)
 
 
 def _one_line(proc, tmp: Path, *fragments) -> str:

@@ -79,3 +79,33 @@ def test_a_value_set_for_one_call_is_seen_by_it_alone(tmp_path, env, replace):
     assert refused.returncode == 1 and "API_PORT" in refused.stderr, refused.stderr
     after = run_in_process(dry, {"HF_HOME": str(tmp_path / "hf")})
     assert "API_PORT" not in after.stderr, after.stderr
+
+
+def test_a_call_that_hangs_fails_the_test_and_the_alarm_is_put_back(tmp_path):
+    """`timeout` turns a hang into a test failure: here `image verify` blocks opening a FIFO that no one writes, as a
+    hostile layout's would if the reader opened it (the FIFO stands where the index belongs)."""
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    os.mkfifo(layout / "index.json")
+    before = signal.getsignal(signal.SIGALRM)
+    try:
+        proc = run_in_process(["image", "verify", layout], timeout=2)
+    except pytest.fail.Exception as exc:
+        assert "hung for 2 s" in str(exc)
+    else:  # the reader refused the FIFO without opening it: then it must have said so, in one line
+        assert proc.returncode == 1 and "sparkstack: error:" in proc.stderr, proc
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_timeout_fires_on_a_blocked_read(monkeypatch):
+    """The alarm interrupts a call blocked in the kernel (a pipe no one writes), and the test fails saying so."""
+    from sparkstack import cli
+
+    r, w = os.pipe()
+    monkeypatch.setattr(cli, "entry", lambda: os.read(r, 1))
+    try:
+        with pytest.raises(pytest.fail.Exception, match="hung for 0.5 s"):
+            run_in_process(["--help"], timeout=0.5)
+    finally:
+        os.close(r), os.close(w)
